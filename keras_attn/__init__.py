@@ -1,0 +1,14 @@
+"""keras_attn: attention layers for Keras 3.
+
+From Nadaraya-Watson kernel pooling to the full Transformer, with NaN-free masking in every
+dtype, memory-efficient exact attention, and translators exported with decoding inside the
+SavedModel.
+"""
+
+__version__ = "0.1.0"
+
+from keras_attn import (
+    layers,  # noqa: F401
+    ops,  # noqa: F401
+)
+from keras_attn.layers import *

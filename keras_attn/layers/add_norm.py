@@ -1,0 +1,70 @@
+"""Residual connection followed by layer normalization."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_attn.layers.base import check_rate
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class AddNorm(keras.layers.Layer):
+    """Residual add and layer norm: LayerNorm(X + Dropout(Y)).
+
+    Args:
+        dropout: float in [0, 1), dropout on the sublayer output `Y`. Defaults to `0.0`.
+        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+        seed: optional int seed for the dropout. Defaults to `None`.
+
+    Call arguments:
+        inputs: `X`, the residual branch, `(B, T, d)`.
+        sublayer_output: `Y`, same shape as `X`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, T, d)`. The implicit mask of `X` passes through.
+
+    Example:
+    >>> x = keras.ops.ones((2, 3, 4))
+    >>> AddNorm(dropout=0.5)(x, x).shape  # (2, 3, 4)
+    """
+
+    def __init__(self, dropout: float = 0.0, epsilon: float = 1e-5, seed: int | None = None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        check_rate("dropout", dropout)
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or epsilon <= 0:
+            raise ValueError(
+                "Received an invalid value for argument `epsilon`, expected a positive float. "
+                f"Received: epsilon={epsilon!r}"
+            )
+        self.dropout = dropout
+        self.epsilon = epsilon
+        self.seed = seed
+        self.supports_masking = True
+        self.dropout_layer = keras.layers.Dropout(dropout, seed=seed, name="dropout",
+                                                  dtype=self.dtype_policy)
+        self.layer_norm = keras.layers.LayerNormalization(epsilon=epsilon, name="layer_norm",
+                                                          dtype=self.dtype_policy)
+
+    def build(self, inputs_shape, sublayer_output_shape=None):
+        if sublayer_output_shape is not None and tuple(inputs_shape[1:]) != tuple(
+            sublayer_output_shape[1:]
+        ):
+            raise ValueError(
+                "Arguments `inputs` and `sublayer_output` must have the same shape. Received: "
+                f"inputs.shape={tuple(inputs_shape)}, "
+                f"sublayer_output.shape={tuple(sublayer_output_shape)}"
+            )
+        self.layer_norm.build(inputs_shape)
+
+    def call(self, inputs, sublayer_output, training=None):
+        return self.layer_norm(inputs + self.dropout_layer(sublayer_output, training=training))
+
+    def compute_output_shape(self, inputs_shape, sublayer_output_shape=None):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"dropout": self.dropout, "epsilon": self.epsilon, "seed": self.seed})
+        return config

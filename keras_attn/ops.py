@@ -1,0 +1,257 @@
+"""Pure tensor functions for attention, written with `keras.ops` only.
+
+Every mask here is boolean with **True = attend**. A query row whose mask is all False gets
+all-zero attention weights (and so a zero context vector): never NaN, never uniform attention
+over padding. Scores and softmax run in float32 whatever the input dtype, and the result is cast
+back, so float16 and bfloat16 inputs are safe.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+# Added to the scores of masked positions (in float32). Large enough to drive exp() to exactly 0
+# next to any real score, small enough that `score - max` never overflows to -inf.
+_MASK_VALUE = -1e30
+
+
+def _check_rank(name: str, tensor, min_rank: int) -> None:
+    rank = len(tensor.shape)
+    if rank < min_rank:
+        raise ValueError(
+            f"Argument `{name}` must have rank >= {min_rank}. "
+            f"Received: {name}.shape={tuple(tensor.shape)}"
+        )
+
+
+def sequence_mask(valid_lens, maxlen: int):
+    """Boolean mask of the first `valid_lens` positions along a new last axis.
+
+    Args:
+        valid_lens: integer tensor of any shape `(...)`: how many leading positions are valid.
+        maxlen: int, length of the masked axis.
+
+    Returns:
+        Boolean tensor of shape `(..., maxlen)`, True where `position < valid_lens`.
+
+    Example:
+    >>> sequence_mask([1, 3], 4)  # [[T, F, F, F], [T, T, T, F]]
+    """
+    if maxlen is None or int(maxlen) < 0:
+        raise ValueError(
+            f"Argument `maxlen` must be a non-negative integer. Received: maxlen={maxlen}"
+        )
+    valid_lens = ops.convert_to_tensor(valid_lens)
+    positions = ops.arange(int(maxlen), dtype="int32")
+    return ops.less(positions, ops.expand_dims(ops.cast(valid_lens, "int32"), -1))
+
+
+def causal_mask(query_len: int, key_len: int | None = None, offset=0):
+    """Lower-triangular mask: query `i` may attend to key `j` when `j <= i + offset`.
+
+    Args:
+        query_len: int, number of queries `T`.
+        key_len: int, number of keys `S`. Defaults to `query_len`.
+        offset: int or scalar tensor, position of the first query in the key sequence
+            (used by cached decoding, where query `0` is the token at position `offset`).
+            Defaults to `0`.
+
+    Returns:
+        Boolean tensor of shape `(T, S)`.
+    """
+    key_len = query_len if key_len is None else key_len
+    rows = ops.expand_dims(ops.arange(query_len, dtype="int32"), -1)  # (T, 1)
+    cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)  # (1, S)
+    return ops.less_equal(cols, rows + ops.cast(offset, "int32"))  # (T, S)
+
+
+def valid_lens_mask(valid_lens, query_len: int, key_len: int):
+    """Turn d2l-style `valid_lens` into a `(B, T, S)` boolean mask over keys.
+
+    Args:
+        valid_lens: `(B,)` (one length per sequence, shared by every query) or `(B, T)`
+            (one length per query).
+        query_len: `T`.
+        key_len: `S`.
+
+    Returns:
+        Boolean tensor of shape `(B, T, S)`; for `(B,)` lengths the query axis has size 1
+        and broadcasts.
+    """
+    valid_lens = ops.convert_to_tensor(valid_lens)
+    rank = len(valid_lens.shape)
+    if rank == 1:
+        return ops.expand_dims(sequence_mask(valid_lens, key_len), 1)  # (B, 1, S)
+    if rank == 2:
+        if valid_lens.shape[1] is not None and query_len is not None:
+            if valid_lens.shape[1] != query_len:
+                raise ValueError(
+                    "Argument `valid_lens` of rank 2 must have shape (batch_size, query_len="
+                    f"{query_len}). Received: valid_lens.shape={tuple(valid_lens.shape)}"
+                )
+        return sequence_mask(valid_lens, key_len)  # (B, T, S)
+    raise ValueError(
+        "Argument `valid_lens` must have shape (batch_size,) or (batch_size, query_len). "
+        f"Received: valid_lens.shape={tuple(valid_lens.shape)}"
+    )
+
+
+def merge_masks(
+    query_len: int,
+    key_len: int,
+    valid_lens=None,
+    attention_mask=None,
+    use_causal_mask: bool = False,
+    query_mask=None,
+    key_mask=None,
+    causal_offset=0,
+):
+    """Combine every way a mask can come in into one boolean `(B, T, S)` mask (or None).
+
+    Args:
+        query_len: `T`.
+        key_len: `S`.
+        valid_lens: `(B,)` or `(B, T)` lengths over the keys.
+        attention_mask: boolean `(B, T, S)` (or broadcastable `(T, S)`), True = attend.
+        use_causal_mask: bool, hide keys after each query.
+        query_mask: `(B, T)` Keras implicit mask of the queries; padded queries attend nowhere.
+        key_mask: `(B, S)` Keras implicit mask of the keys.
+        causal_offset: int or scalar tensor, key position of the first query, for cached
+            decoding (see `causal_mask`). Defaults to `0`.
+
+    Returns:
+        Boolean tensor broadcastable to `(B, T, S)`, or None when nothing masks.
+    """
+    masks = []
+    if valid_lens is not None:
+        masks.append(valid_lens_mask(valid_lens, query_len, key_len))
+    if attention_mask is not None:
+        attention_mask = ops.convert_to_tensor(attention_mask)
+        if len(attention_mask.shape) not in (2, 3):
+            raise ValueError(
+                "Argument `attention_mask` must have shape (batch_size, query_len, key_len) or "
+                f"(query_len, key_len). Received: attention_mask.shape="
+                f"{tuple(attention_mask.shape)}"
+            )
+        masks.append(ops.cast(attention_mask, "bool"))
+    if use_causal_mask:
+        masks.append(ops.expand_dims(causal_mask(query_len, key_len, causal_offset), 0))
+    if query_mask is not None:
+        masks.append(ops.expand_dims(ops.cast(query_mask, "bool"), -1))  # (B, T, 1)
+    if key_mask is not None:
+        masks.append(ops.expand_dims(ops.cast(key_mask, "bool"), -2))  # (B, 1, S)
+    if not masks:
+        return None
+    mask = masks[0]
+    for other in masks[1:]:
+        mask = ops.logical_and(mask, other)
+    return mask
+
+
+def _expand_mask_to(mask, rank: int):
+    """Insert broadcast axes after the batch axis so a (B, T, S) mask fits (B, ..., T, S)."""
+    while len(mask.shape) < rank:
+        mask = ops.expand_dims(mask, 1 if len(mask.shape) == 3 else 0)
+    return mask
+
+
+def masked_softmax(scores, mask=None, valid_lens=None, axis: int = -1):
+    """Softmax over `axis` that gives masked positions exactly zero weight.
+
+    Computed in float32 and cast back to the dtype of `scores`. A row with no valid position
+    gets all zeros (not NaN, not a uniform distribution), and its gradient is zero.
+
+    Args:
+        scores: float tensor, e.g. `(B, T, S)` or `(B, H, T, S)`.
+        mask: optional boolean tensor broadcastable to `scores`, True = keep.
+        valid_lens: optional `(B,)` or `(B, T)` integer lengths along the last axis, as in
+            d2l's `masked_softmax`; merged with `mask`. Requires `axis=-1`.
+        axis: int, the axis to normalize. Defaults to `-1`.
+
+    Returns:
+        Tensor with the shape and dtype of `scores`.
+    """
+    scores = ops.convert_to_tensor(scores)
+    out_dtype = scores.dtype
+    x = ops.cast(scores, "float32")
+    if valid_lens is not None:
+        rank = len(x.shape)
+        if axis not in (-1, rank - 1):
+            raise ValueError(
+                f"`valid_lens` masks the last axis; received axis={axis} for scores of rank {rank}."
+            )
+        _check_rank("scores", x, 2)
+        query_len = x.shape[-2] if rank >= 3 else 1
+        vmask = valid_lens_mask(valid_lens, query_len, ops.shape(x)[-1])  # (B, T|1, S)
+        if rank == 2:
+            vmask = vmask[:, 0, :]
+        else:
+            vmask = _expand_mask_to(vmask, rank)
+        mask = vmask if mask is None else ops.logical_and(ops.cast(mask, "bool"), vmask)
+    if mask is None:
+        return ops.cast(ops.softmax(x, axis=axis), out_dtype)
+    mask = ops.cast(mask, "bool")
+    x = ops.where(mask, x, _MASK_VALUE)
+    weights = ops.softmax(x, axis=axis)
+    # Rows with nothing to attend to softmax to uniform over -1e30; zero them explicitly.
+    weights = weights * ops.cast(mask, "float32")
+    return ops.cast(weights, out_dtype)
+
+
+def dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    training: bool = False,
+    seed=None,
+):
+    """Scaled dot-product attention: `softmax(Q Kᵀ · scale) V`.
+
+    Args:
+        query: `(..., T, d)`, e.g. `(B, T, d)` or `(B, H, T, d)`.
+        key: `(..., S, d)`.
+        value: `(..., S, dv)`.
+        mask: optional boolean, broadcastable to `(..., T, S)`, True = attend. A `(B, T, S)` mask
+            is broadcast over the head axis of 4D inputs.
+        scale: float multiplying the scores. Defaults to `1 / sqrt(d)`.
+        dropout_rate: float in [0, 1), dropout on the attention weights when training.
+        training: bool, whether dropout is active.
+        seed: int or `keras.random.SeedGenerator` for the dropout.
+
+    Returns:
+        `(outputs, weights)`: outputs `(..., T, dv)` in the dtype of `value`, weights
+        `(..., T, S)`. Rows with nothing to attend to have zero weights and zero outputs.
+    """
+    _check_rank("query", query, 2)
+    _check_rank("key", key, 2)
+    _check_rank("value", value, 2)
+    depth = query.shape[-1]
+    if key.shape[-1] is not None and depth is not None and key.shape[-1] != depth:
+        raise ValueError(
+            "Arguments `query` and `key` must have the same last dimension. "
+            f"Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
+        )
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(
+            f"Argument `dropout_rate` must be in [0, 1). Received: dropout_rate={dropout_rate}"
+        )
+    if scale is None:
+        scale = 1.0 / math.sqrt(depth)
+    # Scale the query before the product so float16 scores do not overflow.
+    query = query * ops.cast(scale, query.dtype)
+    scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T, S)
+    if mask is not None:
+        mask = _expand_mask_to(ops.cast(mask, "bool"), len(scores.shape))
+    weights = masked_softmax(ops.cast(scores, "float32"), mask=mask)  # float32
+    weights = ops.cast(weights, value.dtype)
+    attended = weights
+    if training and dropout_rate > 0.0:
+        attended = keras.random.dropout(weights, dropout_rate, seed=seed)
+    outputs = ops.matmul(attended, value)  # (..., T, dv)
+    return outputs, weights
