@@ -191,14 +191,21 @@ def masked_softmax(scores, mask=None, valid_lens=None, axis: int = -1):
         else:
             vmask = _expand_mask_to(vmask, rank)
         mask = vmask if mask is None else ops.logical_and(ops.cast(mask, "bool"), vmask)
-    if mask is None:
-        return ops.cast(ops.softmax(x, axis=axis), out_dtype)
-    mask = ops.cast(mask, "bool")
-    x = ops.where(mask, x, _MASK_VALUE)
-    weights = ops.softmax(x, axis=axis)
-    # Rows with nothing to attend to softmax to uniform over -1e30; zero them explicitly.
-    weights = weights * ops.cast(mask, "float32")
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        x = ops.where(mask, x, _MASK_VALUE)
+    weights = _softmax(x, axis)
+    if mask is not None:
+        # Rows with nothing to attend to softmax to uniform over -1e30; zero them explicitly.
+        weights = weights * ops.cast(mask, "float32")
     return ops.cast(weights, out_dtype)
+
+
+def _softmax(x, axis: int):
+    """exp(x - max) / sum, written out (keras.ops.softmax warns on axes of size 1)."""
+    shifted = x - ops.stop_gradient(ops.max(x, axis=axis, keepdims=True))
+    exps = ops.exp(shifted)
+    return exps / ops.sum(exps, axis=axis, keepdims=True)
 
 
 def dot_product_attention(

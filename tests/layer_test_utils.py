@@ -1,0 +1,114 @@
+"""One helper that every layer test calls, in the spirit of Keras' `run_layer_test`.
+
+`run_layer_test` checks the contract of DESIGN.md for one layer and one set of inputs:
+config round-trip, eager call and expected shape, symbolic call in a functional model (same
+numbers as eager), one `fit` step, `.keras` save/load with `safe_mode=True` giving identical
+outputs, and one training step under mixed_float16 and mixed_bfloat16 with finite loss and
+gradients.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def _to_float32(x):
+    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+
+
+def _symbolic_inputs(inputs: dict) -> dict:
+    return {
+        name: keras.Input(shape=value.shape[1:], dtype=str(value.dtype), name=name)
+        for name, value in inputs.items()
+    }
+
+
+def _finite_training_step(layer, inputs, call_kwargs) -> None:
+    """One gradient step through the layer alone: finite loss and finite gradients."""
+    with tf.GradientTape() as tape:
+        outputs = layer(**inputs, **call_kwargs, training=True)
+        loss = keras.ops.mean(keras.ops.square(keras.ops.cast(outputs, "float32")))
+    grads = tape.gradient(loss, layer.trainable_variables)
+    assert np.isfinite(float(loss)), f"non-finite loss {float(loss)} under {layer.dtype_policy}"
+    for var, grad in zip(layer.trainable_variables, grads):
+        assert grad is not None, f"no gradient for {var.path}"
+        assert np.all(np.isfinite(_to_float32(grad))), f"non-finite gradient for {var.path}"
+
+
+def run_layer_test(
+    layer_cls,
+    init_kwargs: dict,
+    inputs: dict,
+    expected_output_shape: tuple,
+    tmp_path,
+    call_kwargs: dict | None = None,
+    run_mixed_precision: bool = True,
+):
+    """Check the keras_attn layer contract for `layer_cls(**init_kwargs)` on `inputs`.
+
+    Args:
+        layer_cls: the layer class.
+        init_kwargs: constructor arguments.
+        inputs: dict of call argument name -> NumPy array (batch on axis 0).
+        expected_output_shape: the eager output shape.
+        tmp_path: a pytest `tmp_path` for the `.keras` file.
+        call_kwargs: non-tensor call arguments (e.g. `use_causal_mask=True`).
+        run_mixed_precision: whether to run the mixed_float16 / mixed_bfloat16 step.
+
+    Returns:
+        The eager outputs (NumPy), for further checks by the caller.
+    """
+    call_kwargs = call_kwargs or {}
+
+    # Config round-trip: every constructor argument is in the config, and survives.
+    layer = layer_cls(**init_kwargs)
+    config = layer.get_config()
+    for name in init_kwargs:
+        assert name in config, f"get_config() lacks constructor argument `{name}`"
+    revived = layer_cls.from_config(config)
+    assert revived.get_config() == config
+
+    # Eager call and shape.
+    eager = keras.ops.convert_to_numpy(layer(**inputs, **call_kwargs))
+    assert eager.shape == tuple(expected_output_shape), (eager.shape, expected_output_shape)
+    assert np.all(np.isfinite(eager))
+    shape_args = inspect.signature(layer.compute_output_shape).parameters
+    shapes = {f"{k}_shape": v.shape for k, v in inputs.items() if f"{k}_shape" in shape_args}
+    if not shapes:  # a single `input_shape` argument
+        shapes = {next(iter(shape_args)): next(iter(inputs.values())).shape}
+    assert tuple(layer.compute_output_shape(**shapes)) == tuple(expected_output_shape)
+
+    # Symbolic call in a functional model: same layer, same numbers, shape known up to batch.
+    symbolic = _symbolic_inputs(inputs)
+    symbolic_out = layer(**symbolic, **call_kwargs)
+    assert tuple(symbolic_out.shape[1:]) == tuple(expected_output_shape[1:]), symbolic_out.shape
+    model = keras.Model(symbolic, symbolic_out)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(model(inputs)), eager, rtol=1e-6, atol=1e-6
+    )
+
+    # One fit step.
+    if layer.trainable_weights:
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        history = model.fit(inputs, np.zeros_like(eager), epochs=1, batch_size=len(eager),
+                            verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+
+    # .keras save -> load with safe_mode: identical outputs.
+    path = str(tmp_path / f"{layer_cls.__name__}.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(inputs)), keras.ops.convert_to_numpy(model(inputs))
+    )
+
+    # Mixed precision: one training step with finite loss and gradients.
+    if run_mixed_precision:
+        for policy in ("mixed_float16", "mixed_bfloat16"):
+            mixed = layer_cls(**init_kwargs, dtype=policy)
+            _finite_training_step(mixed, inputs, call_kwargs)
+    return eager

@@ -1,0 +1,382 @@
+"""The seven core layers: contract (via run_layer_test), NumPy references from the formulas,
+equivalence with keras.layers.MultiHeadAttention and torch.nn.MultiheadAttention, masks."""
+
+import keras
+import numpy as np
+import pytest
+from layer_test_utils import run_layer_test
+
+import keras_attn as ka
+
+rng = np.random.default_rng(0)
+
+
+def rand(*shape):
+    return rng.standard_normal(shape).astype("float32")
+
+
+def to_np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def np_softmax_masked(scores, mask):
+    scores = np.where(mask, scores, -np.inf)
+    m = np.max(scores, -1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.where(mask, np.exp(scores - m), 0)
+    s = e.sum(-1, keepdims=True)
+    return np.where(s > 0, e / np.where(s > 0, s, 1), 0)
+
+
+def lens_mask(lens, t, s):
+    return np.broadcast_to((np.arange(s) < np.asarray(lens)[:, None, None]), (len(lens), t, s))
+
+
+# ---------------------------------------------------------------- contract, every layer
+
+LENS = np.array([3, 5], "int32")
+CONTRACT_CASES = [
+    ("nw_scalar", ka.NWPooling, {}, {"query": rand(2, 4), "key": rand(2, 5),
+                                     "value": rand(2, 5)}, (2, 4), {}),
+    ("nw_vector_learnable", ka.NWPooling, {"learnable": True},
+     {"query": rand(2, 4, 3), "key": rand(2, 5, 3), "value": rand(2, 5, 2),
+      "valid_lens": LENS}, (2, 4, 2), {}),
+    ("additive", ka.AdditiveAttention, {"units": 8, "dropout": 0.1},
+     {"query": rand(2, 1, 20), "key": rand(2, 5, 2), "value": rand(2, 5, 4),
+      "valid_lens": LENS}, (2, 1, 4), {}),
+    ("scaled_dot", ka.ScaledDotAttention, {"dropout": 0.1},
+     {"query": rand(2, 3, 6), "key": rand(2, 5, 6), "value": rand(2, 5, 4),
+      "valid_lens": LENS}, (2, 3, 4), {}),
+    ("multi_head", ka.MultiHead, {"num_heads": 2, "key_dim": 4, "value_dim": 3,
+                                  "output_dim": 7, "dropout": 0.1},
+     {"query": rand(2, 3, 6), "key": rand(2, 5, 5), "value": rand(2, 5, 4),
+      "valid_lens": LENS}, (2, 3, 7), {}),
+    ("multi_head_causal_bias_kv_zero_attn", ka.MultiHead,
+     {"num_heads": 2, "key_dim": 4, "add_bias_kv": True, "add_zero_attn": True},
+     {"query": rand(2, 5, 6)}, (2, 5, 6), {"use_causal_mask": True}),
+    ("position_encoding", ka.SinusoidalPositionEncoding, {"max_wavelength": 1000,
+                                                          "dropout": 0.1},
+     {"inputs": rand(2, 7, 6)}, (2, 7, 6), {}),
+    ("ffn", ka.FFN, {"hidden_dim": 8, "output_dim": 5, "activation": "gelu", "dropout": 0.1},
+     {"inputs": rand(2, 3, 6)}, (2, 3, 5), {}),
+    ("add_norm", ka.AddNorm, {"dropout": 0.1, "epsilon": 1e-6},
+     {"inputs": rand(2, 3, 6), "sublayer_output": rand(2, 3, 6)}, (2, 3, 6), {}),
+]
+
+
+@pytest.mark.parametrize(
+    "layer_cls,init_kwargs,inputs,expected_shape,call_kwargs",
+    [case[1:] for case in CONTRACT_CASES],
+    ids=[case[0] for case in CONTRACT_CASES],
+)
+def test_layer_contract(layer_cls, init_kwargs, inputs, expected_shape, call_kwargs, tmp_path):
+    run_layer_test(layer_cls, init_kwargs, inputs, expected_shape, tmp_path,
+                   call_kwargs=call_kwargs)
+
+
+# ---------------------------------------------------------------- NumPy references
+
+@pytest.mark.parametrize("learnable", [False, True])
+def test_nw_pooling_matches_formula(learnable):
+    layer = ka.NWPooling(learnable=learnable)
+    xq, xk, y = rand(2, 4), rand(2, 6), rand(2, 6)
+    layer.build(xq.shape, xk.shape, y.shape)
+    w = 1.0
+    if learnable:
+        layer.width.assign(1.7)
+        w = 1.7
+    out, weights = layer(xq, xk, y, return_attention_scores=True)
+    scores = -0.5 * ((xq[:, :, None] - xk[:, None, :]) * w) ** 2
+    ref_w = np_softmax_masked(scores, np.ones_like(scores, bool))
+    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-6)
+    np.testing.assert_allclose(to_np(out), np.einsum("bts,bs->bt", ref_w, y), atol=1e-5)
+
+
+def test_nw_pooling_vector_keys_and_leave_one_out_mask():
+    x, y = rand(1, 6, 3), rand(1, 6, 2)
+    leave_one_out = ~np.eye(6, dtype=bool)[None]
+    out, weights = ka.NWPooling()(x, x, y, attention_mask=leave_one_out,
+                                  return_attention_scores=True)
+    sq = ((x[:, :, None, :] - x[:, None, :, :]) ** 2).sum(-1)
+    ref_w = np_softmax_masked(-0.5 * sq, leave_one_out)
+    assert np.all(np.diag(to_np(weights)[0]) == 0.0)
+    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-6)
+    np.testing.assert_allclose(to_np(out), ref_w @ y, atol=1e-5)
+
+
+def test_nw_pooling_learns_width_with_sgd():
+    """The parametric form fits a sharper kernel on leave-one-out training (seed 10.2.7)."""
+    xs = np.sort(rng.uniform(0, 5, 50)).astype("float32")[None]
+    ys = (2 * np.sin(xs) + xs ** 0.8 + rng.normal(0, 0.5, xs.shape)).astype("float32")
+    layer = ka.NWPooling(learnable=True)
+    mask = ~np.eye(50, dtype=bool)[None]
+    q = keras.Input((50,))
+    model = keras.Model(q, layer(q, keras.ops.convert_to_tensor(xs),
+                                 keras.ops.convert_to_tensor(ys), attention_mask=mask))
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    first = model.evaluate(xs, ys, verbose=0)
+    model.fit(xs, ys, epochs=5, verbose=0)
+    assert model.evaluate(xs, ys, verbose=0) < first
+    assert float(layer.width) > 1.0
+
+
+def test_additive_attention_matches_formula():
+    layer = ka.AdditiveAttention(units=8)
+    q, k, v = rand(2, 3, 20), rand(2, 5, 2), rand(2, 5, 4)
+    out, weights = layer(q, k, v, valid_lens=LENS, return_attention_scores=True)
+    wq, wk, wv = (to_np(d.kernel) for d in (layer.query_dense, layer.key_dense,
+                                            layer.score_dense))
+    features = np.tanh((q @ wq)[:, :, None, :] + (k @ wk)[:, None, :, :])  # (B, T, S, u)
+    scores = (features @ wv)[..., 0]
+    ref_w = np_softmax_masked(scores, lens_mask(LENS, 3, 5))
+    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-5)
+    np.testing.assert_allclose(to_np(out), ref_w @ v, atol=1e-5)
+
+
+def test_scaled_dot_attention_matches_formula_with_causal_mask():
+    q, k, v = rand(2, 4, 6), rand(2, 4, 6), rand(2, 4, 3)
+    out, weights = ka.ScaledDotAttention()(q, k, v, use_causal_mask=True,
+                                           return_attention_scores=True)
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(6)
+    ref_w = np_softmax_masked(scores, np.tril(np.ones((4, 4), bool))[None])
+    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-5)
+    np.testing.assert_allclose(to_np(out), ref_w @ v, atol=1e-5)
+
+
+def np_multi_head(layer, q, k, v, mask):
+    """Per-head loop in NumPy from the seed's formula h_i = f(W_i^q q, W_i^k k, W_i^v v)."""
+    h, dk, dv = layer.num_heads, layer.key_dim, layer.value_dim
+
+    def dense(d, x):
+        return x @ to_np(d.kernel) + to_np(d.bias)
+
+    qp, kp, vp = dense(layer.query_dense, q), dense(layer.key_dense, k), dense(
+        layer.value_dense, v)
+    heads, all_w = [], []
+    for i in range(h):
+        qi, ki, vi = (qp[..., i * dk:(i + 1) * dk], kp[..., i * dk:(i + 1) * dk],
+                      vp[..., i * dv:(i + 1) * dv])
+        w = np_softmax_masked(qi @ ki.transpose(0, 2, 1) / np.sqrt(dk), mask)
+        heads.append(w @ vi)
+        all_w.append(w)
+    return dense(layer.output_dense, np.concatenate(heads, -1)), np.stack(all_w, 1)
+
+
+def test_multi_head_matches_per_head_formula():
+    layer = ka.MultiHead(num_heads=3, key_dim=4, value_dim=2, output_dim=5)
+    q, k, v = rand(2, 3, 6), rand(2, 5, 7), rand(2, 5, 8)
+    out, weights = layer(q, k, v, valid_lens=LENS, return_attention_scores=True)
+    ref_out, ref_w = np_multi_head(layer, q, k, v, lens_mask(LENS, 3, 5))
+    assert weights.shape == (2, 3, 3, 5)
+    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-5)
+    np.testing.assert_allclose(to_np(out), ref_out, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [6, 7])
+def test_position_encoding_matches_formula(dim):
+    x = rand(2, 9, dim)
+    out = to_np(ka.SinusoidalPositionEncoding()(x))
+    i = np.arange(9)[:, None]
+    j = np.arange(dim)[None, :]
+    angle = i / np.power(10000.0, (j - j % 2) / dim)
+    table = np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+    np.testing.assert_allclose(out - x, np.broadcast_to(table, x.shape), atol=1e-5)
+    shifted = to_np(ka.SinusoidalPositionEncoding()(x[:, 4:], start_index=4))
+    np.testing.assert_allclose(shifted, out[:, 4:], atol=1e-5)
+
+
+def test_position_encoding_any_length_and_dtype():
+    x = np.zeros((1, 3000, 8), "float32")
+    out = to_np(ka.SinusoidalPositionEncoding()(x))
+    np.testing.assert_allclose(out[0, 2999, 0], np.sin(2999.0), atol=1e-3)
+    half = ka.SinusoidalPositionEncoding(dtype="mixed_bfloat16")(x)
+    assert half.dtype == "bfloat16"
+
+
+def test_ffn_and_add_norm_match_formula():
+    x, y = rand(2, 3, 6), rand(2, 3, 6)
+    ffn = ka.FFN(hidden_dim=8)
+    out = to_np(ffn(x))
+    h = np.maximum(x @ to_np(ffn.hidden_dense.kernel) + to_np(ffn.hidden_dense.bias), 0)
+    ref = h @ to_np(ffn.output_dense.kernel) + to_np(ffn.output_dense.bias)
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+
+    z = x + y
+    ref_norm = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(to_np(ka.AddNorm()(x, y)), ref_norm, atol=1e-4)
+
+
+# ---------------------------------------------------------------- keras MHA and torch MHA
+
+@pytest.mark.parametrize("masking", ["none", "padding", "causal", "padding_and_causal"])
+def test_multi_head_equals_keras_multi_head_attention(masking):
+    keras_mha = keras.layers.MultiHeadAttention(num_heads=4, key_dim=8, value_dim=6,
+                                                output_shape=10)
+    q, v, k = rand(3, 5, 12), rand(3, 7, 9), rand(3, 7, 11)
+    lens = np.array([7, 3, 1])
+    value_mask = np.arange(7) < lens[:, None]
+    causal = "causal" in masking
+    use_pad = "padding" in masking
+    keras_mha(q, v, k)  # build
+    ours = ka.MultiHead.from_keras(keras_mha)
+    ref = keras_mha(q, v, k, value_mask=value_mask if use_pad else None,
+                    use_causal_mask=causal)
+    out = ours(q, k, v, valid_lens=lens if use_pad else None, use_causal_mask=causal)
+    np.testing.assert_allclose(to_np(out), to_np(ref), atol=1e-5)
+
+
+def np_torch_mha(sd, q, k, v, num_heads, key_padding_mask=None, add_zero_attn=False):
+    """torch.nn.MultiheadAttention's documented forward (batch_first), in NumPy."""
+    e = sd["out_proj.weight"].shape[0]
+    if "in_proj_weight" in sd:
+        wq, wk, wv = np.split(sd["in_proj_weight"], 3)
+    else:
+        wq, wk, wv = sd["q_proj_weight"], sd["k_proj_weight"], sd["v_proj_weight"]
+    bq, bk, bv = np.split(sd.get("in_proj_bias", np.zeros(3 * e, "float32")), 3)
+    qp, kp, vp = q @ wq.T + bq, k @ wk.T + bk, v @ wv.T + bv
+    allowed = np.ones(k.shape[:2], bool) if key_padding_mask is None else ~key_padding_mask
+    if "bias_k" in sd:
+        b = q.shape[0]
+        kp = np.concatenate([kp, np.broadcast_to(sd["bias_k"].reshape(1, 1, e), (b, 1, e))], 1)
+        vp = np.concatenate([vp, np.broadcast_to(sd["bias_v"].reshape(1, 1, e), (b, 1, e))], 1)
+        allowed = np.concatenate([allowed, np.ones((b, 1), bool)], 1)
+    if add_zero_attn:
+        kp = np.concatenate([kp, np.zeros_like(kp[:, :1])], 1)
+        vp = np.concatenate([vp, np.zeros_like(vp[:, :1])], 1)
+        allowed = np.concatenate([allowed, np.ones_like(allowed[:, :1])], 1)
+    hd = e // num_heads
+    split = lambda x: x.reshape(x.shape[0], x.shape[1], num_heads, hd).transpose(0, 2, 1, 3)  # noqa: E731
+    w = np_softmax_masked(split(qp) @ split(kp).transpose(0, 1, 3, 2) / np.sqrt(hd),
+                          allowed[:, None, None, :])
+    ctx = (w @ split(vp)).transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], e)
+    return ctx @ sd["out_proj.weight"].T + sd.get("out_proj.bias", 0)
+
+
+def random_torch_state_dict(e, kdim, vdim, bias, add_bias_kv):
+    sd = {"out_proj.weight": rand(e, e)}
+    if kdim == vdim == e:
+        sd["in_proj_weight"] = rand(3 * e, e)
+    else:
+        sd.update(q_proj_weight=rand(e, e), k_proj_weight=rand(e, kdim),
+                  v_proj_weight=rand(e, vdim))
+    if bias:
+        sd.update({"in_proj_bias": rand(3 * e), "out_proj.bias": rand(e)})
+    if add_bias_kv:
+        sd.update(bias_k=rand(1, 1, e), bias_v=rand(1, 1, e))
+    return sd
+
+
+TORCH_CASES = [(8, 8, 8, True, False, False), (8, 5, 3, True, True, True),
+               (6, 6, 6, False, True, False), (6, 4, 6, True, False, True)]
+
+
+@pytest.mark.parametrize("e,kdim,vdim,bias,add_bias_kv,add_zero_attn", TORCH_CASES)
+def test_multi_head_from_torch_state_dict_matches_torch_formula(e, kdim, vdim, bias,
+                                                                add_bias_kv, add_zero_attn):
+    sd = random_torch_state_dict(e, kdim, vdim, bias, add_bias_kv)
+    q, k, v = rand(2, 3, e), rand(2, 4, kdim), rand(2, 4, vdim)
+    pad = np.array([[False] * 4, [False, False, True, True]])
+    ours = ka.MultiHead.from_torch_state_dict(sd, num_heads=2, add_zero_attn=add_zero_attn)
+    out = ours(q, k, v, valid_lens=np.array([4, 2]))
+    ref = np_torch_mha(sd, q, k, v, 2, key_padding_mask=pad, add_zero_attn=add_zero_attn)
+    np.testing.assert_allclose(to_np(out), ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("e,kdim,vdim,bias,add_bias_kv,add_zero_attn", TORCH_CASES)
+def test_multi_head_from_torch_equals_real_torch(e, kdim, vdim, bias, add_bias_kv,
+                                                 add_zero_attn):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    module = torch.nn.MultiheadAttention(e, 2, bias=bias, add_bias_kv=add_bias_kv,
+                                         add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim,
+                                         batch_first=True).eval()
+    sd = {name: t.detach().numpy() for name, t in module.state_dict().items()}
+    q, k, v = rand(2, 3, e), rand(2, 4, kdim), rand(2, 4, vdim)
+    pad = np.array([[False] * 4, [False, False, True, True]])
+    with torch.no_grad():
+        ref, _ = module(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
+                        key_padding_mask=torch.from_numpy(pad))
+    ours = ka.MultiHead.from_torch_state_dict(sd, num_heads=2, add_zero_attn=add_zero_attn)
+    out = ours(q, k, v, valid_lens=np.array([4, 2]))
+    np.testing.assert_allclose(to_np(out), ref.numpy(), atol=1e-5)
+
+
+# ---------------------------------------------------------------- masks
+
+def test_implicit_mask_equals_valid_lens():
+    """Embedding(mask_zero=True) masks the same keys as explicit valid_lens."""
+    ids = np.array([[5, 3, 8, 0, 0], [2, 9, 4, 7, 1]])
+    lens = np.array([3, 5])
+    inp = keras.Input((5,), dtype="int32")
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    mha = ka.MultiHead(num_heads=2, key_dim=4)
+    implicit = keras.Model(inp, mha(embedding(inp)))
+    explicit = to_np(mha(embedding(ids), valid_lens=lens))
+    out = to_np(implicit(ids))
+    valid_rows = np.arange(5) < lens[:, None]
+    np.testing.assert_allclose(out[valid_rows], explicit[valid_rows], atol=1e-6)
+    # Padded query rows attend nowhere: zero context, so the output is the output bias.
+    np.testing.assert_allclose(out[0, 3:], np.broadcast_to(to_np(mha.output_dense.bias),
+                                                           (2, 8)), atol=1e-6)
+
+
+def test_implicit_mask_propagates_through_layers():
+    inp = keras.Input((4,), dtype="int32")
+    x = keras.layers.Embedding(10, 8, mask_zero=True)(inp)
+    y = ka.AddNorm()(x, ka.MultiHead(2, 4)(x))
+    y = ka.FFN(16)(ka.SinusoidalPositionEncoding()(y))
+    assert y._keras_mask is not None
+
+
+def test_fully_masked_rows_are_zero_in_low_precision():
+    for policy in ("float32", "mixed_float16", "mixed_bfloat16"):
+        layer = ka.MultiHead(num_heads=2, key_dim=4, dtype=policy, use_bias=False)
+        out, weights = layer(rand(2, 3, 8), valid_lens=np.array([0, 2]),
+                             return_attention_scores=True)
+        w = to_np(keras.ops.cast(weights, "float32"))
+        assert np.all(w[0] == 0) and np.all(np.isfinite(w))
+        assert np.all(to_np(keras.ops.cast(out, "float32"))[0] == 0)
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize(
+    "make,arg",
+    [
+        (lambda: ka.MultiHead(num_heads=0, key_dim=4), "num_heads"),
+        (lambda: ka.MultiHead(num_heads=2, key_dim=-1), "key_dim"),
+        (lambda: ka.MultiHead(num_heads=2, key_dim=4, value_dim=2.5), "value_dim"),
+        (lambda: ka.MultiHead(num_heads=2, key_dim=4, add_bias_kv=1), "add_bias_kv"),
+        (lambda: ka.MultiHead(num_heads=2, key_dim=4, dropout=1.0), "dropout"),
+        (lambda: ka.AdditiveAttention(units=0), "units"),
+        (lambda: ka.ScaledDotAttention(scale="big"), "scale"),
+        (lambda: ka.NWPooling(learnable="yes"), "learnable"),
+        (lambda: ka.SinusoidalPositionEncoding(max_wavelength=0), "max_wavelength"),
+        (lambda: ka.FFN(hidden_dim=0), "hidden_dim"),
+        (lambda: ka.FFN(hidden_dim=4, activation="nope"), "activation"),
+        (lambda: ka.AddNorm(epsilon=-1), "epsilon"),
+        (lambda: ka.AddNorm(dropout=-0.1), "dropout"),
+    ],
+)
+def test_bad_constructor_arguments_name_the_argument(make, arg):
+    with pytest.raises(ValueError, match=f"`{arg}`.*Received"):
+        make()
+
+
+@pytest.mark.parametrize(
+    "layer,args,kwargs,arg",
+    [
+        (ka.ScaledDotAttention(), (rand(2, 3, 4), rand(2, 5, 6)), {}, "key"),
+        (ka.MultiHead(2, 4), (rand(2, 3, 4), rand(3, 5, 4)), {}, "key"),
+        (ka.MultiHead(2, 4), (rand(2, 3, 4), rand(2, 5, 4), rand(2, 6, 4)), {}, "value"),
+        (ka.AdditiveAttention(4), (rand(2, 3), rand(2, 5)), {}, "query"),
+        (ka.NWPooling(), (rand(2, 3), rand(2, 5, 2)), {}, "key"),
+        (ka.MultiHead(2, 4), (rand(2, 3, 4),), {"valid_lens": np.ones((2, 4), "int32")},
+         "valid_lens"),
+        (ka.SinusoidalPositionEncoding(), (rand(2, 3),), {}, "inputs"),
+        (ka.AddNorm(), (rand(2, 3, 4), rand(2, 3, 5)), {}, "sublayer_output"),
+    ],
+)
+def test_mismatched_inputs_name_the_argument(layer, args, kwargs, arg):
+    with pytest.raises(ValueError, match=f"`{arg}`"):
+        layer(*args, **kwargs)

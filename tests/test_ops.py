@@ -1,0 +1,190 @@
+"""keras_attn.ops against NumPy written from the formulas, plus hypothesis properties."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from keras_attn import ops as attn_ops
+
+DTYPES = ("float32", "float16", "bfloat16")
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
+
+
+def np_masked_softmax(x, mask):
+    """softmax over the last axis restricted to `mask`; rows with no True give zeros."""
+    x = np.where(mask, x.astype(np.float64), -np.inf)
+    row_max = np.max(x, axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    e = np.where(mask, np.exp(x - row_max), 0.0)
+    total = e.sum(-1, keepdims=True)
+    return np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+
+
+def np_attention(q, k, v, mask):
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    weights = np_masked_softmax(scores, mask)
+    return weights @ v, weights
+
+
+def to_np(x):
+    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+
+
+def test_sequence_mask_and_causal_mask():
+    np.testing.assert_array_equal(
+        to_np(attn_ops.sequence_mask(np.array([1, 3, 0]), 4)).astype(bool),
+        np.array([[1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]], bool),
+    )
+    np.testing.assert_array_equal(
+        to_np(attn_ops.causal_mask(3, 4)).astype(bool), np.tril(np.ones((3, 4), bool))
+    )
+    # Cached decoding: the query at position `offset` sees keys 0..offset.
+    np.testing.assert_array_equal(
+        to_np(attn_ops.causal_mask(1, 5, offset=2)).astype(bool), [[1, 1, 1, 0, 0]]
+    )
+    with pytest.raises(ValueError, match="maxlen"):
+        attn_ops.sequence_mask([1], -1)
+
+
+def test_masked_softmax_valid_lens_like_d2l():
+    """valid_lens (B,) is shared by every row; (B, T) is per row (d2l's masked_softmax)."""
+    x = np.random.rand(2, 2, 4).astype("float32")
+    out = to_np(attn_ops.masked_softmax(x, valid_lens=np.array([2, 3])))
+    mask = np.arange(4) < np.array([2, 3])[:, None, None]
+    np.testing.assert_allclose(out, np_masked_softmax(x, np.broadcast_to(mask, x.shape)),
+                               atol=1e-6)
+    assert np.all(out[0, :, 2:] == 0) and np.all(out[1, :, 3:] == 0)
+
+    lens2 = np.array([[1, 3], [2, 4]])
+    out2 = to_np(attn_ops.masked_softmax(x, valid_lens=lens2))
+    mask2 = np.arange(4) < lens2[..., None]
+    np.testing.assert_allclose(out2, np_masked_softmax(x, mask2), atol=1e-6)
+
+
+def test_masked_softmax_fully_masked_row_is_zero_with_zero_gradient():
+    x = tf.constant(np.random.randn(2, 3, 5).astype("float32"))
+    lens = np.array([0, 2])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = attn_ops.masked_softmax(x, valid_lens=lens)
+        loss = tf.reduce_sum(y * tf.range(5, dtype="float32"))
+    grad = tape.gradient(loss, x).numpy()
+    assert np.all(y.numpy()[0] == 0.0)
+    np.testing.assert_allclose(y.numpy()[1].sum(-1), 1.0, atol=1e-6)
+    assert np.all(grad[0] == 0.0) and np.all(np.isfinite(grad))
+
+
+def test_masked_softmax_4d_scores_with_valid_lens():
+    x = np.random.rand(2, 3, 4, 6).astype("float32")  # (B, H, T, S)
+    lens = np.array([[1, 2, 3, 6], [0, 6, 4, 2]])
+    out = to_np(attn_ops.masked_softmax(x, valid_lens=lens))
+    mask = (np.arange(6) < lens[:, None, :, None])
+    np.testing.assert_allclose(out, np_masked_softmax(x, np.broadcast_to(mask, x.shape)),
+                               atol=1e-6)
+
+
+def test_valid_lens_shape_is_checked():
+    with pytest.raises(ValueError, match="valid_lens"):
+        attn_ops.masked_softmax(np.zeros((2, 3, 4)), valid_lens=np.zeros((2, 5), "int32"))
+    with pytest.raises(ValueError, match="valid_lens"):
+        attn_ops.masked_softmax(np.zeros((2, 3, 4)), valid_lens=np.zeros((2, 3, 1), "int32"))
+
+
+def test_dot_product_attention_matches_formula_and_checks_depth():
+    q = np.random.randn(2, 3, 4).astype("float32")
+    k = np.random.randn(2, 5, 4).astype("float32")
+    v = np.random.randn(2, 5, 6).astype("float32")
+    mask = np.random.rand(2, 3, 5) > 0.4
+    mask[0, 1] = False  # a row with nothing to attend to
+    out, w = attn_ops.dot_product_attention(q, k, v, mask=mask)
+    ref_out, ref_w = np_attention(q, k, v, mask)
+    np.testing.assert_allclose(to_np(w), ref_w, atol=1e-5)
+    np.testing.assert_allclose(to_np(out), ref_out, atol=1e-5)
+    assert np.all(to_np(out)[0, 1] == 0.0)
+    with pytest.raises(ValueError, match="key"):
+        attn_ops.dot_product_attention(q, np.zeros((2, 5, 3), "float32"), v)
+    with pytest.raises(ValueError, match="dropout_rate"):
+        attn_ops.dot_product_attention(q, k, v, dropout_rate=1.5)
+
+
+def test_dot_product_attention_dropout_only_in_training():
+    q = np.random.randn(1, 4, 8).astype("float32")
+    out_eval, _ = attn_ops.dot_product_attention(q, q, q, dropout_rate=0.5, training=False)
+    ref, _ = np_attention(q, q, q, np.ones((1, 4, 4), bool))
+    np.testing.assert_allclose(to_np(out_eval), ref, atol=1e-5)
+    out_train, _ = attn_ops.dot_product_attention(q, q, q, dropout_rate=0.5, training=True,
+                                                  seed=3)
+    assert not np.allclose(to_np(out_train), ref, atol=1e-3)
+
+
+@st.composite
+def scores_and_mask(draw):
+    batch = draw(st.integers(1, 3))
+    rows = draw(st.integers(1, 5))
+    cols = draw(st.integers(1, 7))
+    scores = draw(hnp.arrays(np.float32, (batch, rows, cols),
+                             elements=st.floats(-30, 30, width=32)))
+    mask = draw(hnp.arrays(np.bool_, (batch, rows, cols)))
+    if draw(st.booleans()):
+        mask[0, 0] = False  # force a fully masked row
+    return scores, mask
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@settings(max_examples=25, deadline=None)
+@given(data=scores_and_mask())
+def test_masked_softmax_properties(dtype, data):
+    scores, mask = data
+    x = tf.constant(scores, dtype=dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = attn_ops.masked_softmax(x, mask=mask)
+        loss = tf.reduce_sum(tf.cast(y, "float32") ** 2)
+    grad = tape.gradient(loss, x)
+    assert y.dtype == x.dtype
+    y32, g32 = to_np(y), to_np(grad)
+    assert np.all(np.isfinite(y32)) and np.all(np.isfinite(g32))
+    assert np.all(y32[~mask] == 0.0)
+    row_sums = y32.sum(-1)
+    expected = mask.any(-1).astype(np.float32)
+    np.testing.assert_allclose(row_sums, expected, atol=TOL[dtype] * scores.shape[-1])
+    ref = np_masked_softmax(to_np(x), mask)
+    np.testing.assert_allclose(y32, ref, atol=TOL[dtype] * 2)
+
+
+@st.composite
+def attention_inputs(draw):
+    batch, heads = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    t, s, d, dv = (draw(st.integers(1, 6)) for _ in range(4))
+    arrays = [
+        draw(hnp.arrays(np.float32, shape, elements=st.floats(-3, 3, width=32)))
+        for shape in ((batch, heads, t, d), (batch, heads, s, d), (batch, heads, s, dv))
+    ]
+    mask = draw(hnp.arrays(np.bool_, (batch, t, s)))
+    return (*arrays, mask)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@settings(max_examples=20, deadline=None)
+@given(data=attention_inputs())
+def test_dot_product_attention_properties(dtype, data):
+    q, k, v, mask = data
+    tq, tk, tv = (tf.constant(a, dtype=dtype) for a in (q, k, v))
+    with tf.GradientTape() as tape:
+        tape.watch([tq, tk, tv])
+        out, w = attn_ops.dot_product_attention(tq, tk, tv, mask=mask[:, None])
+        loss = tf.reduce_sum(tf.cast(out, "float32"))
+    grads = tape.gradient(loss, [tq, tk, tv])
+    out32, w32 = to_np(out), to_np(w)
+    assert np.all(np.isfinite(out32)) and np.all(np.isfinite(w32))
+    for g in grads:
+        assert np.all(np.isfinite(to_np(g)))
+    empty_rows = ~mask.any(-1)  # (B, T): these attend nowhere -> zero outputs
+    assert np.all(out32.transpose(0, 2, 1, 3)[empty_rows] == 0.0)
+    ref_out, ref_w = np_attention(*(to_np(a) for a in (tq, tk, tv)), mask[:, None])
+    np.testing.assert_allclose(w32, ref_w, atol=TOL[dtype] * 4)
+    np.testing.assert_allclose(out32, ref_out, atol=TOL[dtype] * 20)
