@@ -1,0 +1,53 @@
+"""Data for the examples: kernel regression toy data and translation tasks.
+
+- `make_kernel_regression_data`: the d2l Nadaraya-Watson toy problem (numpy).
+- `load_dates_translation`: built-in date normalization ("3/3/21" -> "2021-03-03"), no download.
+- `load_tatoeba`: tab-separated sentence pairs (d2l's `fra.txt` and other Tatoeba exports).
+
+Both translation loaders return a `TranslationData` with the reserved ids `PAD_ID=0`,
+`UNK_ID=1`, `BOS_ID=2`, `EOS_ID=3`.
+"""
+
+from keras_attn.data import dates, nw, pairs
+from keras_attn.data.dates import load_dates, load_dates_translation
+from keras_attn.data.nw import (
+    KernelRegressionData,
+    make_kernel_regression_data,
+    true_function,
+)
+from keras_attn.data.pairs import load_tatoeba, preprocess, preprocess_tf, read_pairs
+from keras_attn.data.translation import (
+    BOS,
+    BOS_ID,
+    EOS,
+    EOS_ID,
+    PAD_ID,
+    RESERVED_TOKENS,
+    UNK_ID,
+    TranslationData,
+    build_vectorizer,
+)
+
+__all__ = [
+    "BOS",
+    "BOS_ID",
+    "EOS",
+    "EOS_ID",
+    "PAD_ID",
+    "RESERVED_TOKENS",
+    "UNK_ID",
+    "KernelRegressionData",
+    "TranslationData",
+    "build_vectorizer",
+    "dates",
+    "load_dates",
+    "load_dates_translation",
+    "load_tatoeba",
+    "make_kernel_regression_data",
+    "nw",
+    "pairs",
+    "preprocess",
+    "preprocess_tf",
+    "read_pairs",
+    "true_function",
+]

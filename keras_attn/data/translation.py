@@ -1,0 +1,270 @@
+"""Vocabularies and tf.data pipelines shared by every translation data set.
+
+A data set here is a list of `(source, target)` pairs of *token strings*: text already
+standardized so that tokens are separated by single spaces. Vocabularies are
+`keras.layers.TextVectorization` layers (no standardization of their own, whitespace split) whose
+first four ids are reserved, the same in the source and the target vocabulary:
+
+| id | token     | meaning                                                 |
+|----|-----------|---------------------------------------------------------|
+| 0  | `""`      | padding (models mask id 0)                              |
+| 1  | `"[UNK]"` | out of vocabulary (and words rarer than `min_freq`)     |
+| 2  | `"<bos>"` | begin of sequence, first decoder input                  |
+| 3  | `"<eos>"` | end of sequence, last decoder target                    |
+
+Sources are encoded without `<bos>`/`<eos>`; targets give the teacher-forcing pair
+`target_in = "<bos> y"` and `target_out = "y <eos>"`. Everything is padded with 0 and truncated to
+a fixed length.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+BOS = "<bos>"
+EOS = "<eos>"
+RESERVED_TOKENS = ("", "[UNK]", BOS, EOS)
+
+Pair = tuple[str, str]
+
+
+def build_vectorizer(
+    texts: Iterable[str],
+    max_length: int,
+    min_freq: int = 1,
+    name: str | None = None,
+) -> keras.layers.TextVectorization:
+    """Builds a word vocabulary as a `TextVectorization` layer with the reserved ids above.
+
+    Tokens are counted with `str.split(" ")`; those seen at least `min_freq` times are kept, most
+    frequent first (ties broken alphabetically, so the vocabulary is deterministic).
+
+    Args:
+        texts: iterable of token strings (tokens separated by single spaces).
+        max_length: int, `output_sequence_length` of the layer: outputs are padded with 0 or
+            truncated to this length.
+        min_freq: int, minimum count of a token to enter the vocabulary; rarer tokens map to
+            `UNK_ID`. Defaults to `1`.
+        name: str, name of the layer. Defaults to `None` (automatic name).
+
+    Returns:
+        A `keras.layers.TextVectorization(standardize=None, split="whitespace")` whose vocabulary
+        starts with `"", "[UNK]", "<bos>", "<eos>"` (ids 0 to 3) and which maps a batch of
+        strings `(B,)` to int64 ids `(B, max_length)`.
+    """
+    _check_positive_int("max_length", max_length)
+    _check_positive_int("min_freq", min_freq)
+    counts = collections.Counter()
+    for text in texts:
+        counts.update(token for token in text.split(" ") if token)
+    kept = sorted(
+        (
+            token
+            for token, count in counts.items()
+            if count >= min_freq and token not in RESERVED_TOKENS
+        ),
+        key=lambda token: (-counts[token], token),
+    )
+    return keras.layers.TextVectorization(
+        standardize=None,
+        split="whitespace",
+        output_mode="int",
+        output_sequence_length=max_length,
+        vocabulary=list(RESERVED_TOKENS) + kept,
+        name=name,
+    )
+
+
+@dataclasses.dataclass
+class TranslationData:
+    """A translation task: token-string pairs, vocabularies and tf.data pipelines.
+
+    Attributes:
+        source_vectorizer: `TextVectorization` of the source side, output length `source_length`.
+        target_vectorizer: `TextVectorization` of the target side, output length `target_length`.
+        train: list of `(source, target)` token-string pairs.
+        validation: list of pairs (may be empty).
+        test: list of pairs; no test source string appears in `train`.
+        source_length: int, length `Ls` of encoded sources.
+        target_length: int, length `Lt` of encoded decoder inputs and targets.
+        standardize: callable turning a raw source string into a token string, the same
+            preprocessing the pairs went through (e.g. `dates.to_tokens`).
+        standardize_tf: the same preprocessing written with `tf.strings`, for a batch of strings
+            inside a graph (e.g. an exported SavedModel).
+        target_joiner: str placed between target tokens by `decode`: `" "` for words, `""` for
+            characters.
+        num_skipped: int, malformed input lines that were skipped. Defaults to `0`.
+    """
+
+    source_vectorizer: keras.layers.TextVectorization
+    target_vectorizer: keras.layers.TextVectorization
+    train: list[Pair]
+    validation: list[Pair]
+    test: list[Pair]
+    source_length: int
+    target_length: int
+    standardize: Callable[[str], str]
+    standardize_tf: Callable[[tf.Tensor], tf.Tensor]
+    target_joiner: str = " "
+    num_skipped: int = 0
+
+    @property
+    def source_vocab_size(self) -> int:
+        """Number of source ids, reserved ones included."""
+        return self.source_vectorizer.vocabulary_size()
+
+    @property
+    def target_vocab_size(self) -> int:
+        """Number of target ids, reserved ones included."""
+        return self.target_vectorizer.vocabulary_size()
+
+    def encode_source(
+        self, texts: Sequence[str], standardize: bool = True
+    ) -> np.ndarray:
+        """Encodes source sentences to padded ids.
+
+        Args:
+            texts: list of source strings.
+            standardize: bool, whether `texts` are raw and need `self.standardize` first (False
+                when they are token strings already). Defaults to `True`.
+
+        Returns:
+            int32 array of shape `(len(texts), source_length)`.
+        """
+        if standardize:
+            texts = [self.standardize(text) for text in texts]
+        return self._vectorize(self.source_vectorizer, texts)
+
+    def encode_pairs(
+        self, pairs: Sequence[Pair]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Encodes token-string pairs for teacher forcing.
+
+        Args:
+            pairs: list of `(source, target)` token strings.
+
+        Returns:
+            `(source_ids, target_in_ids, target_out_ids)`, int32 arrays of shapes `(N, Ls)`,
+            `(N, Lt)`, `(N, Lt)`; `target_in` is `<bos> y`, `target_out` is `y <eos>`, both padded
+            with 0 and truncated to `Lt` (so they stay aligned).
+        """
+        sources = [source for source, _ in pairs]
+        targets = [target for _, target in pairs]
+        return (
+            self._vectorize(self.source_vectorizer, sources),
+            self._vectorize(self.target_vectorizer, [f"{BOS} {t}" for t in targets]),
+            self._vectorize(self.target_vectorizer, [f"{t} {EOS}" for t in targets]),
+        )
+
+    def make_dataset(
+        self,
+        pairs: Sequence[Pair] | str,
+        batch_size: int = 64,
+        shuffle: bool = False,
+        seed: int | None = 0,
+        drop_remainder: bool = False,
+    ) -> tf.data.Dataset:
+        """A batched `tf.data.Dataset` for `model.fit` / `model.evaluate`.
+
+        Args:
+            pairs: list of `(source, target)` token strings, or the name of a split:
+                `"train"`, `"validation"` or `"test"`.
+            batch_size: int, batch size. Defaults to `64`.
+            shuffle: bool, whether to shuffle (over the whole split, reshuffled each epoch).
+                Defaults to `False`.
+            seed: int, shuffle seed. Defaults to `0`.
+            drop_remainder: bool, drop the last incomplete batch (gives a static batch size).
+                Defaults to `False`.
+
+        Returns:
+            A dataset of `((source_ids, target_in_ids), target_out_ids)`, int32 tensors of shapes
+            `(B, Ls)`, `(B, Lt)`, `(B, Lt)`.
+        """
+        if isinstance(pairs, str):
+            if pairs not in ("train", "validation", "test"):
+                raise ValueError(
+                    "Received an invalid value for argument `pairs`, expected a list of pairs or "
+                    f"one of 'train', 'validation', 'test'. Received: pairs={pairs!r}"
+                )
+            pairs = getattr(self, pairs)
+        _check_positive_int("batch_size", batch_size)
+        source, target_in, target_out = self.encode_pairs(pairs)
+        dataset = tf.data.Dataset.from_tensor_slices(((source, target_in), target_out))
+        if shuffle and len(source) > 0:
+            dataset = dataset.shuffle(
+                len(source), seed=seed, reshuffle_each_iteration=True
+            )
+        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    def decode(self, ids) -> list[str]:
+        """Turns target ids back into strings.
+
+        Each row is read up to its first `<eos>`; padding and `<bos>` are skipped and the
+        remaining tokens are joined with `target_joiner`.
+
+        Args:
+            ids: integer array-like or tensor of shape `(B, T)`, or `(T,)` for one sequence.
+
+        Returns:
+            list of `B` strings (one string for a `(T,)` input, still in a list).
+        """
+        ids = np.asarray(keras.ops.convert_to_numpy(ids))
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2:
+            raise ValueError(
+                "Argument `ids` must have shape (batch_size, length) or (length,). "
+                f"Received: ids.shape={ids.shape}"
+            )
+        vocab = self.target_vectorizer.get_vocabulary()
+        texts = []
+        for row in ids.tolist():
+            tokens = []
+            for index in row:
+                if index == EOS_ID:
+                    break
+                if index in (PAD_ID, BOS_ID):
+                    continue
+                tokens.append(
+                    str(vocab[index])
+                    if 0 <= index < len(vocab)
+                    else RESERVED_TOKENS[UNK_ID]
+                )
+            texts.append(self.target_joiner.join(tokens))
+        return texts
+
+    @staticmethod
+    def _vectorize(vectorizer, texts: Sequence[str]) -> np.ndarray:
+        length = vectorizer.get_config()["output_sequence_length"]
+        if len(texts) == 0:
+            return np.zeros((0, length), np.int32)
+        ids = vectorizer(tf.constant(list(texts), dtype=tf.string))
+        return keras.ops.convert_to_numpy(ids).astype(np.int32)
+
+
+def max_tokens(texts: Iterable[str]) -> int:
+    """Number of tokens of the longest token string (0 for none)."""
+    return max((len(text.split(" ")) for text in texts if text), default=0)
+
+
+def _check_positive_int(name: str, value) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value <= 0
+    ):
+        raise ValueError(
+            f"Received an invalid value for argument `{name}`, expected a positive integer. "
+            f"Received: {name}={value!r}"
+        )

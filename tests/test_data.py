@@ -1,0 +1,381 @@
+"""Tests of keras_attn.data: kernel regression data, dates task, tab-separated pair loader."""
+
+import calendar
+import datetime
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn.data import dates, nw, pairs
+from keras_attn.data.translation import BOS_ID, EOS_ID, PAD_ID, UNK_ID, build_vectorizer
+
+# ---------------------------------------------------------------- kernel regression data
+
+
+def test_kernel_regression_data_shapes_and_values():
+    data = nw.make_kernel_regression_data(seed=0)
+    for array in data:
+        assert array.shape == (50,) and array.dtype == np.float32
+    assert np.all(np.diff(data.x_train) >= 0)
+    assert 0 <= data.x_train.min() and data.x_train.max() < 5
+    np.testing.assert_allclose(data.x_test, np.arange(50) * 0.1, atol=1e-6)
+    expected = (
+        2 * np.sin(data.x_test.astype(np.float64))
+        + data.x_test.astype(np.float64) ** 0.8
+    )
+    np.testing.assert_allclose(data.y_truth, expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        nw.true_function([0.0, 1.0]), [0.0, 2 * np.sin(1.0) + 1.0], rtol=1e-6
+    )
+    residual = data.y_train - nw.true_function(data.x_train)
+    assert 0.3 < residual.std() < 0.7  # N(0, 0.5^2) noise
+
+
+def test_kernel_regression_data_is_seeded():
+    a, b = (
+        nw.make_kernel_regression_data(seed=3),
+        nw.make_kernel_regression_data(seed=3),
+    )
+    c = nw.make_kernel_regression_data(seed=4)
+    np.testing.assert_array_equal(a.y_train, b.y_train)
+    assert not np.array_equal(a.x_train, c.x_train)
+    assert nw.make_kernel_regression_data(n_train=7).x_train.shape == (7,)
+    clean = nw.make_kernel_regression_data(noise=0.0)
+    np.testing.assert_array_equal(clean.y_train, nw.true_function(clean.x_train))
+    with pytest.raises(ValueError, match="n_train"):
+        nw.make_kernel_regression_data(n_train=0)
+
+
+# ---------------------------------------------------------------- dates
+
+
+@pytest.fixture(scope="module")
+def date_splits():
+    return dates.load_dates(num_examples=3000, seed=0)
+
+
+_MONTH = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
+_WEEKDAYS = [
+    name.lower() for name in calendar.day_name
+]  # monday first, as date.weekday()
+
+
+def _independent_parse(source):
+    """Parses the formats that strptime or a regex can read without the library's code."""
+    for fmt in (
+        "%m/%d/%Y",
+        "%d.%m.%Y",
+        "%Y/%m/%d",
+        "%d %b %Y",
+        "%b %d, %Y",
+        "%d %B %Y",
+        "%A, %B %d %Y",
+        "%A %d %B %Y",
+        "%d-%b-%Y",
+        "%Y-%m-%d",
+        "%a %b %d %Y",
+    ):
+        try:
+            return datetime.datetime.strptime(source, fmt).date()
+        except ValueError:
+            pass
+    match = re.fullmatch(r"(\d+)/(\d+)/(\d\d)", source)  # m/d/yy, pivot 50
+    if match:
+        month, day, yy = map(int, match.groups())
+        return datetime.date(2000 + yy if yy < 50 else 1900 + yy, month, day)
+    match = re.fullmatch(
+        r"(?:the )?(\d+)(?:st|nd|rd|th)(?: of)? ([a-z]+),? (\d{4})", source
+    )
+    if match:
+        return datetime.date(int(match[3]), _MONTH[match[2]], int(match[1]))
+    return None
+
+
+def test_dates_targets_are_the_written_dates(date_splits):
+    pairs_ = date_splits.train + date_splits.validation + date_splits.test
+    parsed = 0
+    for source, target in pairs_:
+        date = datetime.date.fromisoformat(target)
+        assert dates.FIRST_DATE <= date <= dates.LAST_DATE
+        assert source == source.lower()
+        first = source.split()[0].rstrip(",")
+        if first in _WEEKDAYS or first in {w[:3] for w in _WEEKDAYS}:
+            assert _WEEKDAYS[date.weekday()].startswith(first), (source, target)
+        independent = _independent_parse(source)
+        if independent is not None:
+            assert independent == date, (source, target)
+            parsed += 1
+    assert parsed > len(pairs_) // 2
+
+
+def test_dates_many_formats_appear(date_splits):
+    sources = [s for s, _ in date_splits.train]
+    assert any("/" in s and len(s.split("/")[-1]) == 2 for s in sources)  # 3/3/21
+    assert any(re.search(r"\d(st|nd|rd|th)\b", s) for s in sources)  # ordinal suffix
+    assert any("twenty-" in s or "third" in s for s in sources)  # ordinal words
+    assert any(re.match(r"(mon|tue|wed|thu|fri|sat|sun),", s) for s in sources)
+    assert any(
+        re.search(r"\b(jan|feb|mar|apr|jun|jul|aug|sep|oct|nov|dec)\b", s)
+        for s in sources
+    )
+    shapes = {re.sub(r"[0-9]+", "N", re.sub(r"[a-z]+", "w", s)) for s in sources}
+    assert len(shapes) >= 12
+    assert len(dates.FORMATS) >= 12
+
+
+def test_ordinals_and_two_digit_years():
+    assert dates.format_date(datetime.date(2021, 3, 3), "{ord} {ordw}") == "3rd third"
+    assert (
+        dates.format_date(datetime.date(2021, 3, 22), "{ord} {ordw}")
+        == "22nd twenty-second"
+    )
+    assert dates.format_date(datetime.date(2021, 3, 11), "{ord}") == "11th"
+    assert (
+        dates.format_date(datetime.date(1950, 3, 31), "{ord} {ordw} {yy}")
+        == "31st thirty-first 50"
+    )
+    assert dates.format_date(datetime.date(2021, 3, 6), 0) == "saturday, march 6 2021"
+
+
+def test_dates_splits_disjoint_sizes_and_deterministic(date_splits):
+    train, val, test = ({s for s, _ in split} for split in date_splits)
+    assert (len(train), len(val), len(test)) == (2400, 300, 300)
+    assert not (train & val or train & test or val & test)
+    assert dates.load_dates(num_examples=3000, seed=0) == date_splits
+    assert dates.load_dates(num_examples=3000, seed=1) != date_splits
+    with pytest.raises(ValueError, match="splits"):
+        dates.load_dates(10, splits=(0.5, 0.5, 0.5))
+
+
+@pytest.mark.parametrize(
+    "text, tokens",
+    [
+        ("Saturday, March 3rd 2021", "saturday , march 3 rd 2 0 2 1"),
+        ("3/3/21", "3 / 3 / 2 1"),
+        ("march 3, '21", "march 3 , ' 2 1"),
+        ("2021-03-03", "2 0 2 1 - 0 3 - 0 3"),
+        ("the twenty-first of may 1999", "the twenty - first of may 1 9 9 9"),
+    ],
+)
+def test_dates_tokens(text, tokens):
+    assert dates.to_tokens(text) == tokens
+    assert dates.to_tokens_tf(tf.constant([text]))[0].numpy().decode() == tokens
+
+
+def test_dates_token_round_trip(date_splits):
+    for source, target in date_splits.test:
+        assert dates.from_tokens(dates.to_tokens(target)) == target
+        assert dates.from_tokens(dates.to_tokens(target).split()) == target
+        assert dates.from_tokens(dates.to_tokens(source)) == source.replace(" ", "")
+    sources = [s for s, _ in date_splits.test[:50]]
+    graph = dates.to_tokens_tf(tf.constant(sources)).numpy()
+    assert [g.decode() for g in graph] == [dates.to_tokens(s) for s in sources]
+
+
+def test_dates_translation_pipeline():
+    data = dates.load_dates_translation(num_examples=500, seed=0)
+    assert (
+        data.source_length == dates.max_source_tokens() == 11
+        and data.target_length == 11
+    )
+    assert all(len(s.split()) <= data.source_length for s, _ in data.train + data.test)
+    # Target vocabulary: the reserved four, ten digits and "-".
+    assert data.target_vocab_size == 15
+    (source, target_in), target_out = next(
+        iter(data.make_dataset("train", batch_size=16))
+    )
+    assert (
+        source.dtype == tf.int32
+        and source.shape == (16, 11)
+        and target_in.shape == (16, 11)
+    )
+    np.testing.assert_array_equal(target_in[:, 0], BOS_ID)
+    np.testing.assert_array_equal(target_out[:, 10], EOS_ID)
+    np.testing.assert_array_equal(target_in[:, 1:], target_out[:, :-1])
+    assert data.decode(target_out) == [t.replace(" ", "") for _, t in data.train[:16]]
+    raw = dates.load_dates(num_examples=500, seed=0)
+    assert data.decode(target_in.numpy()[0]) == [raw.train[0][1]]
+    np.testing.assert_array_equal(data.encode_source([raw.train[0][0]])[0], source[0])
+
+
+@pytest.mark.parametrize("loader", ["dates", "tatoeba"])
+def test_standardize_tf_inside_a_graph_matches_encode_source(loader, tsv):
+    if loader == "dates":
+        data = dates.load_dates_translation(num_examples=300)
+        raw = [s for s, _ in dates.load_dates(num_examples=300).test] + [
+            "Sat, 3 MAR 21"
+        ]
+    else:
+        data = pairs.load_tatoeba(tsv, min_freq=1, verbose=0)
+        raw = ["Go now,ok?", "Wow\xa0!", "I ran.", "Ça alors\u202f!"]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def encode(texts):  # what an exported SavedModel does with raw strings
+        return data.source_vectorizer(data.standardize_tf(texts))
+
+    graph_ids = encode(tf.constant(raw)).numpy()
+    np.testing.assert_array_equal(graph_ids, data.encode_source(raw))
+
+
+# ---------------------------------------------------------------- tab-separated pairs
+
+_TSV = (
+    "Go.\tVa !\tCC-BY 2.0 (France) Attribution: tatoeba.org #2877272\n"
+    "Hi.\tSalut !\n"
+    "Run!\tCours\u202f!\n"
+    "Run!\tCourez\u202f!\n"
+    "Who?\tQui ?\n"
+    "Wow!\tÇa alors\xa0!\n"
+    "no tab on this line\n"
+    "Empty target.\t   \n"
+    "\tEmpty source.\n"
+    "\n"
+    "Go now,ok?\tVa maintenant, d'accord ?\n"
+    "I go.\tJe vais.\n"
+    "I ran.\tJ'ai couru.\n"
+    "I go now.\tJe vais maintenant.\n"
+    "Go go go.\tVa va va.\n"
+)
+
+
+@pytest.fixture()
+def tsv(tmp_path):
+    path = tmp_path / "fra.txt"
+    path.write_text(_TSV, encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Go.", "go ."),
+        ("Cours\u202f!", "cours !"),
+        ("Ça alors\xa0!", "ça alors !"),
+        ("Go now,ok?", "go now ,ok ?"),  # d2l adds no space after a mark
+        ("Hello  , world!!", "hello , world ! !"),
+        ("J'ai couru.", "j'ai couru ."),
+        (" Va ! ", "va !"),
+    ],
+)
+def test_preprocess(text, expected):
+    assert pairs.preprocess(text) == expected
+    assert pairs.preprocess_tf(tf.constant(text)).numpy().decode("utf-8") == expected
+
+
+def test_read_pairs_skips_and_counts_malformed_lines(tsv):
+    read, skipped = pairs.read_pairs(tsv, verbose=0)
+    assert (
+        skipped == 3
+    )  # no tab, empty target, empty source; the blank line is not counted
+    assert read[0] == ("go .", "va !")
+    assert ("run !", "courez !") in read and ("wow !", "ça alors !") in read
+    assert ("go now ,ok ?", "va maintenant , d'accord ?") in read
+    assert len(read) == 11
+    assert pairs.read_pairs(tsv, num_examples=4, verbose=0)[0] == read[:4]
+
+
+def test_load_tatoeba_vocab_split_and_dataset(tsv):
+    data = pairs.load_tatoeba(
+        tsv, min_freq=2, max_length=(4, 5), test_fraction=0.3, seed=0, verbose=0
+    )
+    assert data.num_skipped == 3
+    vocab = data.target_vectorizer.get_vocabulary()
+    assert vocab[:4] == ["", "[UNK]", "<bos>", "<eos>"]
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert data.source_vectorizer.get_vocabulary()[:4] == vocab[:4]
+    train_sources = {s for s, _ in data.train}
+    assert train_sources and not train_sources & {s for s, _ in data.test}
+    assert len(data.train) + len(data.test) == 11 and data.validation == []
+    # The vocabulary comes from train only, with words seen at least twice.
+    train_counts = {}
+    for _, target in data.train:
+        for word in target.split():
+            train_counts[word] = train_counts.get(word, 0) + 1
+    assert set(vocab[4:]) == {w for w, c in train_counts.items() if c >= 2}
+
+    batch = next(iter(data.make_dataset(data.train + data.test, batch_size=11)))
+    (source, target_in), target_out = batch
+    assert source.dtype == target_in.dtype == target_out.dtype == tf.int32
+    assert (
+        source.shape == (11, 4)
+        and target_in.shape == (11, 5)
+        and target_out.shape == (11, 5)
+    )
+    ids = data.target_vectorizer(tf.constant(["va va va", "zzzunseen"])).numpy()
+    assert ids[1, 0] == UNK_ID
+    np.testing.assert_array_equal(target_in[:, 0], BOS_ID)
+    for row, (_, target) in zip(target_out.numpy(), data.train + data.test):
+        words = target.split()
+        if len(words) < 5:  # fits: ends with <eos> then padding
+            assert row[len(words)] == EOS_ID and np.all(row[len(words) + 1 :] == PAD_ID)
+        else:  # truncated to 5 tokens, no <eos>
+            assert EOS_ID not in row and PAD_ID not in row
+    # "go now ,ok ?" has 4 source tokens, "hi ." 2 and then padding; 5 tokens are truncated.
+    encoded = data.encode_source(["Go now,ok?", "Hi.", "i i i i i"])
+    assert (
+        encoded.shape == (3, 4) and encoded[1, 2] == PAD_ID and encoded[0, 3] != PAD_ID
+    )
+    assert len(set(encoded[2].tolist())) == 1 and encoded[2, 0] > UNK_ID
+
+
+def test_load_tatoeba_rare_words_are_unknown_and_decode(tsv):
+    data = pairs.load_tatoeba(tsv, min_freq=1, test_fraction=0.0, verbose=0)
+    assert data.source_length == 4 and data.target_length == 6  # longest + 1 for <eos>
+    _, _, target_out = data.encode_pairs(data.train)
+    assert data.decode(target_out) == [t for _, t in data.train]
+    rare = pairs.load_tatoeba(tsv, min_freq=3, test_fraction=0.0, verbose=0)
+    source_ids = rare.encode_source(["I ran."])[0]
+    assert source_ids[1] == UNK_ID  # "ran" is seen once
+    assert rare.source_vectorizer.get_vocabulary()[source_ids[0]] == "i"
+
+
+def test_load_tatoeba_deterministic_with_seed(tsv):
+    def first_batches(seed):
+        data = pairs.load_tatoeba(
+            tsv, min_freq=1, test_fraction=0.3, seed=seed, verbose=0
+        )
+        dataset = data.make_dataset("train", batch_size=4, shuffle=True, seed=seed)
+        return data.test, [b[1].numpy().tolist() for b in dataset]
+
+    assert first_batches(1) == first_batches(1)
+    assert any(first_batches(1)[0] != first_batches(s)[0] for s in (2, 3, 4))
+
+
+def test_load_tatoeba_errors(tsv, tmp_path):
+    with pytest.raises(ValueError, match="path"):
+        pairs.load_tatoeba()
+    with pytest.raises(ValueError, match="test_fraction"):
+        pairs.load_tatoeba(tsv, test_fraction=1.0, verbose=0)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("no tabs\nat all\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="path"):
+        pairs.load_tatoeba(str(bad), verbose=0)
+    data = pairs.load_tatoeba(tsv, verbose=0)
+    with pytest.raises(ValueError, match="pairs"):
+        data.make_dataset("dev")
+
+
+def test_build_vectorizer_orders_by_frequency():
+    layer = build_vectorizer(["b a b", "c b a", "<eos> d"], max_length=3, min_freq=2)
+    assert layer.get_vocabulary() == ["", "[UNK]", "<bos>", "<eos>", "b", "a"]
+    np.testing.assert_array_equal(layer(tf.constant(["a d b a"])), [[5, 1, 4]])
+    with pytest.raises(ValueError, match="min_freq"):
+        build_vectorizer(["a"], max_length=3, min_freq=0)
+
+
+def test_load_tatoeba_70k_lines(tmp_path):
+    rng = np.random.default_rng(0)
+    words = np.array([f"w{i}" for i in range(3000)])
+    lines = [
+        f"{' '.join(rng.choice(words, 6))}.\t{' '.join(rng.choice(words, 8))}\u202f!\tCC-BY\n"
+        for _ in range(70000)
+    ]
+    path = tmp_path / "big.txt"
+    path.write_text("".join(lines), encoding="utf-8")  # a real export's size, ~2 s
+    data = pairs.load_tatoeba(str(path), max_length=10, verbose=0)
+    assert len(data.train) + len(data.test) == 70000
+    assert sum(1 for _ in data.make_dataset("train", batch_size=256)) == -(
+        -len(data.train) // 256
+    )
