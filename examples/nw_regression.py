@@ -22,12 +22,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-from keras_attn.data.nw import make_kernel_regression_data  # noqa: E402
-from keras_attn.layers import NWPooling  # noqa: E402
-from keras_attn.viz import plot_history, plot_kernel_reg, show_heatmaps  # noqa: E402
+from keras_attn.data.nw import make_kernel_regression_data
+from keras_attn.layers import NWPooling
+from keras_attn.viz import plot_history, plot_kernel_reg, show_heatmaps
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -86,12 +86,12 @@ def valid_lens_mask(valid_lens, query_len: int, key_len: int):
     if rank == 1:
         return ops.expand_dims(sequence_mask(valid_lens, key_len), 1)  # (B, 1, S)
     if rank == 2:
-        if valid_lens.shape[1] is not None and query_len is not None:
-            if valid_lens.shape[1] != query_len:
-                raise ValueError(
-                    "Argument `valid_lens` of rank 2 must have shape (batch_size, query_len="
-                    f"{query_len}). Received: valid_lens.shape={tuple(valid_lens.shape)}"
-                )
+        known = valid_lens.shape[1] is not None and query_len is not None
+        if known and valid_lens.shape[1] != query_len:
+            raise ValueError(
+                "Argument `valid_lens` of rank 2 must have shape (batch_size, query_len="
+                f"{query_len}). Received: valid_lens.shape={tuple(valid_lens.shape)}"
+            )
         return sequence_mask(valid_lens, key_len)  # (B, T, S)
     raise ValueError(
         "Argument `valid_lens` must have shape (batch_size,) or (batch_size, query_len). "

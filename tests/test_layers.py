@@ -245,7 +245,7 @@ def np_torch_mha(sd, q, k, v, num_heads, key_padding_mask=None, add_zero_attn=Fa
         vp = np.concatenate([vp, np.zeros_like(vp[:, :1])], 1)
         allowed = np.concatenate([allowed, np.ones_like(allowed[:, :1])], 1)
     hd = e // num_heads
-    split = lambda x: x.reshape(x.shape[0], x.shape[1], num_heads, hd).transpose(0, 2, 1, 3)  # noqa: E731
+    split = lambda x: x.reshape(x.shape[0], x.shape[1], num_heads, hd).transpose(0, 2, 1, 3)
     w = np_softmax_masked(split(qp) @ split(kp).transpose(0, 1, 3, 2) / np.sqrt(hd),
                           allowed[:, None, None, :])
     ctx = (w @ split(vp)).transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], e)

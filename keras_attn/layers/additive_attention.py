@@ -55,11 +55,11 @@ class AdditiveAttention(BaseAttention):
         check_positive_int("units", units)
         self.units = units
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        dense = dict(
-            use_bias=False,
-            kernel_initializer=self.kernel_initializer,
-            dtype=self.dtype_policy,
-        )
+        dense = {
+            "use_bias": False,
+            "kernel_initializer": self.kernel_initializer,
+            "dtype": self.dtype_policy,
+        }
         self.query_dense = keras.layers.Dense(units, name="query_dense", **dense)
         self.key_dense = keras.layers.Dense(units, name="key_dense", **dense)
         self.score_dense = keras.layers.Dense(1, name="score_dense", **dense)

@@ -12,7 +12,7 @@ from keras_attn.layers.base import BaseAttention, check_positive_int
 
 def _check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 (the project raises ValueError for bad arguments)
             f"Received an invalid value for argument `{name}`, expected a bool. "
             f"Received: {name}={value!r}"
         )

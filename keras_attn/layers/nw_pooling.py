@@ -60,7 +60,7 @@ class NWPooling(BaseAttention):
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
         if not isinstance(learnable, bool):
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004 (the project raises ValueError for bad arguments)
                 f"Received an invalid value for argument `learnable`, expected a bool. "
                 f"Received: learnable={learnable!r}"
             )
@@ -77,12 +77,12 @@ class NWPooling(BaseAttention):
                 "(batch_size, len, dim) vectors. Received: "
                 f"query.shape={tuple(query_shape)}, key.shape={tuple(key_shape)}"
             )
-        if len(query_shape) == 3 and None not in (query_shape[-1], key_shape[-1]):
-            if query_shape[-1] != key_shape[-1]:
-                raise ValueError(
-                    "Arguments `query` and `key` must have the same feature size. Received: "
-                    f"query.shape={tuple(query_shape)}, key.shape={tuple(key_shape)}"
-                )
+        known = len(query_shape) == 3 and None not in (query_shape[-1], key_shape[-1])
+        if known and query_shape[-1] != key_shape[-1]:
+            raise ValueError(
+                "Arguments `query` and `key` must have the same feature size. Received: "
+                f"query.shape={tuple(query_shape)}, key.shape={tuple(key_shape)}"
+            )
         if len(value_shape) not in (2, 3):
             raise ValueError(
                 "Argument `value` must have shape (batch_size, key_len) or "
