@@ -1,0 +1,740 @@
+"""Transformer encoder and decoder: blocks, stacks, and one-token-at-a-time cached decoding.
+
+A block composes the core layers the way the paper draws it: `MultiHead` → `AddNorm` → `FFN` →
+`AddNorm` (post-LN), or with `norm_first=True` the pre-LN form `x + Sublayer(LayerNorm(x))`.
+The stacks add the token embedding scaled by √d, the sinusoidal position encoding and dropout;
+the decoder stack ends in the vocabulary projection and implements the decoding contract of
+`keras_attn.decoding` (`init_decode_state` / `decode_step`) over a static-shape key/value cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from keras_attn.layers.add_norm import AddNorm
+from keras_attn.layers.base import check_positive_int, check_rate
+from keras_attn.layers.ffn import FFN
+from keras_attn.layers.multi_head import MultiHead
+from keras_attn.layers.position_encoding import SinusoidalPositionEncoding
+
+PAD_ID = 0
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+            f"Received an invalid value for argument `{name}`, expected a bool. "
+            f"Received: {name}={value!r}"
+        )
+
+
+def _get_activation(activation):
+    try:
+        return keras.activations.get(activation)
+    except ValueError as error:
+        raise ValueError(
+            "Received an invalid value for argument `activation`. "
+            f"Received: activation={activation!r}"
+        ) from error
+
+
+def _head_dim(embed_dim: int, num_heads: int) -> int:
+    """`embed_dim // num_heads`, refusing to floor it silently."""
+    if embed_dim % num_heads:
+        raise ValueError(
+            f"Received an invalid value for argument `num_heads`, expected a divisor of the "
+            f"embedding size {embed_dim}. Received: num_heads={num_heads}"
+        )
+    return embed_dim // num_heads
+
+
+def _check_embedded_shape(name: str, shape) -> None:
+    if len(shape) != 3 or shape[-1] is None:
+        raise ValueError(
+            f"Argument `{name}` must have shape (batch_size, seq_len, embed_dim) with a known "
+            f"embed_dim. Received: {name}.shape={tuple(shape)}"
+        )
+
+
+class _TransformerBlock(keras.layers.Layer):
+    """What encoder and decoder blocks share: arguments, sublayer wiring, config."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        ffn_dim: int,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        activation="relu",
+        epsilon: float = 1e-5,
+        kernel_initializer="glorot_uniform",
+        seed: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("ffn_dim", ffn_dim)
+        check_rate("dropout", dropout)
+        _check_bool("norm_first", norm_first)
+        self.num_heads = num_heads
+        self.ffn_dim = ffn_dim
+        self.dropout = dropout
+        self.norm_first = norm_first
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or epsilon <= 0:
+            raise ValueError(
+                "Received an invalid value for argument `epsilon`, expected a positive float. "
+                f"Received: epsilon={epsilon!r}"
+            )
+        self.activation = _get_activation(activation)
+        self.epsilon = epsilon
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.seed = seed
+        self.supports_masking = True
+
+    def _attention(self, embed_dim: int, name: str) -> MultiHead:
+        return MultiHead(
+            num_heads=self.num_heads,
+            key_dim=_head_dim(embed_dim, self.num_heads),
+            output_dim=embed_dim,
+            dropout=self.dropout,
+            kernel_initializer=self.kernel_initializer,
+            seed=self.seed,
+            name=name,
+            dtype=self.dtype_policy,
+        )
+
+    def _ffn(self, embed_dim: int, input_shape) -> FFN:
+        ffn = FFN(
+            hidden_dim=self.ffn_dim,
+            output_dim=embed_dim,
+            activation=self.activation,
+            dropout=self.dropout,
+            kernel_initializer=self.kernel_initializer,
+            seed=self.seed,
+            name="ffn",
+            dtype=self.dtype_policy,
+        )
+        ffn.build(input_shape)
+        return ffn
+
+    def _norm(self, name: str, input_shape):
+        """Post-LN: an `AddNorm` applied after the sublayer. Pre-LN: a `LayerNormalization`
+        applied before it (the residual add then uses `residual_dropout`)."""
+        if self.norm_first:
+            norm = keras.layers.LayerNormalization(
+                epsilon=self.epsilon, name=f"{name}_norm", dtype=self.dtype_policy
+            )
+            norm.build(input_shape)
+        else:
+            norm = AddNorm(
+                dropout=self.dropout,
+                epsilon=self.epsilon,
+                seed=self.seed,
+                name=f"{name}_add_norm",
+                dtype=self.dtype_policy,
+            )
+            norm.build(input_shape, input_shape)
+        return norm
+
+    def _build_residual_dropout(self) -> None:
+        self.residual_dropout = None
+        if self.norm_first:
+            self.residual_dropout = keras.layers.Dropout(
+                self.dropout, seed=self.seed, name="residual_dropout", dtype=self.dtype_policy
+            )
+
+    def _before(self, norm, x):
+        """The sublayer input: LayerNorm(x) in pre-LN, x in post-LN."""
+        return norm(x) if self.norm_first else x
+
+    def _after(self, norm, x, y, training):
+        """The residual: x + Dropout(y) in pre-LN, LayerNorm(x + Dropout(y)) in post-LN."""
+        if self.norm_first:
+            return x + self.residual_dropout(y, training=training)
+        return norm(x, y, training=training)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "ffn_dim": self.ffn_dim,
+                "dropout": self.dropout,
+                "norm_first": self.norm_first,
+                "activation": keras.activations.serialize(self.activation),
+                "epsilon": self.epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "seed": self.seed,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerEncoderBlock(_TransformerBlock):
+    """One Transformer encoder block: self-attention and a position-wise FFN.
+
+    Post-LN (the paper, default): `h = LayerNorm(x + MultiHead(x))`,
+    `y = LayerNorm(h + FFN(h))`. Pre-LN (`norm_first=True`): `h = x + MultiHead(LayerNorm(x))`,
+    `y = h + FFN(LayerNorm(h))`. Each head has size `embed_dim // num_heads`; `num_heads` must
+    divide the input size (checked at build).
+
+    Args:
+        num_heads: int, number of attention heads.
+        ffn_dim: int, hidden size of the feed-forward network.
+        dropout: float in [0, 1), dropout on the attention weights, the FFN hidden layer and
+            each residual branch. Defaults to `0.0`.
+        norm_first: bool, pre-LN instead of post-LN. Defaults to `False`.
+        activation: activation of the FFN hidden layer. Defaults to `"relu"`.
+        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+        kernel_initializer: initializer of every dense kernel. Defaults to `"glorot_uniform"`.
+        seed: optional int seed for the dropouts. Defaults to `None`.
+
+    Call arguments:
+        inputs: `(B, S, embed_dim)`.
+        padding_mask: optional boolean `(B, S)`, True at real tokens. Defaults to the Keras
+            implicit mask of `inputs`, if any. Padded positions are hidden as keys, and as
+            queries they get a zero attention context.
+        attention_mask: optional boolean `(B, S, S)`, True = attend.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, S, embed_dim)`. The implicit mask of `inputs` passes through.
+
+    Example:
+    >>> block = TransformerEncoderBlock(num_heads=2, ffn_dim=32)
+    >>> block(keras.ops.ones((2, 5, 16))).shape  # (2, 5, 16)
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
+        Xiong et al., 2020, "On Layer Normalization in the Transformer Architecture",
+        https://arxiv.org/abs/2002.04745
+    """
+
+    def build(self, inputs_shape):
+        _check_embedded_shape("inputs", inputs_shape)
+        embed_dim = inputs_shape[-1]
+        self.self_attention = self._attention(embed_dim, "self_attention")
+        self.self_attention.build(inputs_shape)
+        self.self_attention_norm = self._norm("self_attention", inputs_shape)
+        self.ffn = self._ffn(embed_dim, inputs_shape)
+        self.ffn_norm = self._norm("ffn", inputs_shape)
+        self._build_residual_dropout()
+
+    def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
+        if padding_mask is None:
+            padding_mask = getattr(inputs, "_keras_mask", None)
+        x = inputs  # (B, S, d)
+        h = self._before(self.self_attention_norm, x)
+        h = self.self_attention(
+            h, query_mask=padding_mask, attention_mask=attention_mask, training=training
+        )  # (B, S, d)
+        x = self._after(self.self_attention_norm, x, h, training)
+        h = self.ffn(self._before(self.ffn_norm, x), training=training)  # (B, S, d)
+        return self._after(self.ffn_norm, x, h, training)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerDecoderBlock(_TransformerBlock):
+    """One Transformer decoder block: causal self-attention, cross-attention, FFN.
+
+    Post-LN (default): `h = LayerNorm(x + MultiHead(x, causal))`,
+    `c = LayerNorm(h + MultiHead(h, encoder_outputs))`, `y = LayerNorm(c + FFN(c))`; pre-LN
+    (`norm_first=True`) normalizes each sublayer's input instead and adds the raw residual.
+    Source padding is hidden from the cross-attention.
+
+    For decoding one token at a time, pass `self_attention_cache` (from
+    `init_self_attention_cache`) with `self_attention_cache_update_index`, the position of this
+    call's first token: its keys and values are written into the preallocated cache (a slice
+    update, static shape) and the causal mask is offset accordingly. `cross_attention_cache`
+    (from `compute_cross_attention_cache`) replaces `encoder_outputs` so the encoder keys and
+    values are projected once.
+
+    Args:
+        num_heads: int, number of attention heads.
+        ffn_dim: int, hidden size of the feed-forward network.
+        dropout: float in [0, 1), dropout on the attention weights, the FFN hidden layer and
+            each residual branch. Defaults to `0.0`.
+        norm_first: bool, pre-LN instead of post-LN. Defaults to `False`.
+        activation: activation of the FFN hidden layer. Defaults to `"relu"`.
+        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+        kernel_initializer: initializer of every dense kernel. Defaults to `"glorot_uniform"`.
+        seed: optional int seed for the dropouts. Defaults to `None`.
+
+    Call arguments:
+        inputs: `(B, T, embed_dim)`, the embedded target.
+        encoder_outputs: `(B, S, encoder_dim)`. May be None when `cross_attention_cache` is
+            given.
+        decoder_padding_mask: optional boolean `(B, T)`, True at real target tokens. Defaults
+            to the implicit mask of `inputs`.
+        encoder_padding_mask: optional boolean `(B, S)`, True at real source tokens. Defaults
+            to the implicit mask of `encoder_outputs`.
+        self_attention_cache: optional `(key_cache, value_cache)`, each
+            `(B, num_heads, max_length, head_dim)`.
+        self_attention_cache_update_index: int or scalar tensor, position of `inputs[:, 0]`.
+        cross_attention_cache: optional `(key_cache, value_cache)`, each
+            `(B, num_heads, S, head_dim)`.
+        return_attention_scores: bool, also return the cross-attention weights.
+            Defaults to `False`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, T, embed_dim)`; then the updated `self_attention_cache` when one was given; then
+        the cross-attention weights `(B, num_heads, T, S)` when `return_attention_scores=True`.
+
+    Example:
+    >>> block = TransformerDecoderBlock(num_heads=2, ffn_dim=32)
+    >>> block(keras.ops.ones((2, 4, 16)), keras.ops.ones((2, 6, 16))).shape  # (2, 4, 16)
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
+    """
+
+    def build(self, inputs_shape, encoder_outputs_shape=None):
+        _check_embedded_shape("inputs", inputs_shape)
+        encoder_outputs_shape = encoder_outputs_shape or inputs_shape
+        _check_embedded_shape("encoder_outputs", encoder_outputs_shape)
+        embed_dim = inputs_shape[-1]
+        self.self_attention = self._attention(embed_dim, "self_attention")
+        self.self_attention.build(inputs_shape)
+        self.self_attention_norm = self._norm("self_attention", inputs_shape)
+        self.cross_attention = self._attention(embed_dim, "cross_attention")
+        self.cross_attention.build(inputs_shape, encoder_outputs_shape)
+        self.cross_attention_norm = self._norm("cross_attention", inputs_shape)
+        self.ffn = self._ffn(embed_dim, inputs_shape)
+        self.ffn_norm = self._norm("ffn", inputs_shape)
+        self._build_residual_dropout()
+
+    def init_self_attention_cache(self, batch_size, max_length: int):
+        """An all-zero self-attention cache `(k, v)`, each `(B, num_heads, max_length, d_h)`."""
+        return self.self_attention.init_cache(batch_size, max_length)
+
+    def compute_cross_attention_cache(self, encoder_outputs):
+        """The projected encoder keys and values `(k, v)`, each `(B, num_heads, S, d_h)`."""
+        return self.cross_attention.compute_cache(encoder_outputs)
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs=None,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        if encoder_outputs is None and cross_attention_cache is None:
+            raise ValueError(
+                "Argument `encoder_outputs` is required unless `cross_attention_cache` is given. "
+                "Received: encoder_outputs=None"
+            )
+        if (self_attention_cache is None) != (self_attention_cache_update_index is None):
+            raise ValueError(
+                "Arguments `self_attention_cache` and `self_attention_cache_update_index` go "
+                "together. Received: self_attention_cache_update_index="
+                f"{self_attention_cache_update_index!r}"
+            )
+        if decoder_padding_mask is None:
+            decoder_padding_mask = getattr(inputs, "_keras_mask", None)
+        if encoder_padding_mask is None and encoder_outputs is not None:
+            encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
+
+        # Causal self-attention, optionally over the cache.
+        x = inputs  # (B, T, d)
+        h = self._before(self.self_attention_norm, x)
+        if self_attention_cache is None:
+            h = self.self_attention(
+                h, query_mask=decoder_padding_mask, use_causal_mask=True, training=training
+            )  # (B, T, d)
+        else:
+            h, self_attention_cache = self.self_attention(
+                h,
+                query_mask=decoder_padding_mask,
+                use_causal_mask=True,
+                training=training,
+                cache=self_attention_cache,
+                cache_update_index=self_attention_cache_update_index,
+            )  # (B, T, d), 2 x (B, H, max_length, d_h)
+        x = self._after(self.self_attention_norm, x, h, training)
+
+        # Cross-attention to the encoder, source padding hidden.
+        h = self._before(self.cross_attention_norm, x)
+        if cross_attention_cache is None:
+            h, weights = self.cross_attention(
+                h,
+                encoder_outputs,
+                query_mask=decoder_padding_mask,
+                key_mask=encoder_padding_mask,
+                return_attention_scores=True,
+                training=training,
+            )  # (B, T, d), (B, H, T, S)
+        else:
+            source_mask = None
+            if encoder_padding_mask is not None:
+                source_mask = ops.expand_dims(ops.cast(encoder_padding_mask, "bool"), 1)
+            h, _, weights = self.cross_attention(
+                h,
+                attention_mask=source_mask,  # (B, 1, S)
+                query_mask=decoder_padding_mask,
+                return_attention_scores=True,
+                training=training,
+                cache=cross_attention_cache,
+            )  # (B, T, d), (B, H, T, S)
+        x = self._after(self.cross_attention_norm, x, h, training)
+
+        # Position-wise feed-forward network.
+        h = self.ffn(self._before(self.ffn_norm, x), training=training)  # (B, T, d)
+        outputs = self._after(self.ffn_norm, x, h, training)
+
+        results = (outputs,)
+        if self_attention_cache is not None:
+            results += (self_attention_cache,)
+        if return_attention_scores:
+            results += (weights,)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
+        return tuple(inputs_shape)
+
+
+class _TransformerStack(keras.layers.Layer):
+    """What the encoder and decoder stacks share: arguments, embedding, config."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_layers: int,
+        embed_dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        activation="relu",
+        kernel_initializer="glorot_uniform",
+        seed: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("num_layers", num_layers),
+            ("embed_dim", embed_dim),
+            ("num_heads", num_heads),
+            ("ffn_dim", ffn_dim),
+        ):
+            check_positive_int(name, value)
+        _head_dim(embed_dim, num_heads)
+        check_rate("dropout", dropout)
+        _check_bool("norm_first", norm_first)
+        self.vocab_size = vocab_size
+        self.num_layers = num_layers
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.ffn_dim = ffn_dim
+        self.dropout = dropout
+        self.norm_first = norm_first
+        self.activation = _get_activation(activation)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.seed = seed
+
+    def _check_ids_shape(self, name: str, shape) -> None:
+        if len(shape) != 2:
+            raise ValueError(
+                f"Argument `{name}` must be integer token ids of shape (batch_size, seq_len). "
+                f"Received: {name}.shape={tuple(shape)}"
+            )
+
+    def _block_kwargs(self) -> dict:
+        return {
+            "num_heads": self.num_heads,
+            "ffn_dim": self.ffn_dim,
+            "dropout": self.dropout,
+            "norm_first": self.norm_first,
+            "activation": self.activation,
+            "kernel_initializer": self.kernel_initializer,
+            "seed": self.seed,
+            "dtype": self.dtype_policy,
+        }
+
+    def _build_embedding(self, ids_shape) -> None:
+        self.token_embedding = keras.layers.Embedding(
+            self.vocab_size, self.embed_dim, name="token_embedding", dtype=self.dtype_policy
+        )
+        self.token_embedding.build(ids_shape)
+        self.position_encoding = SinusoidalPositionEncoding(
+            dropout=self.dropout, seed=self.seed, name="position_encoding",
+            dtype=self.dtype_policy,
+        )
+        embedded_shape = tuple(ids_shape) + (self.embed_dim,)
+        self.position_encoding.build(embedded_shape)
+        self.final_norm = None
+        if self.norm_first:  # pre-LN leaves the residual stream unnormalized
+            self.final_norm = keras.layers.LayerNormalization(
+                epsilon=1e-5, name="final_norm", dtype=self.dtype_policy
+            )
+            self.final_norm.build(embedded_shape)
+
+    def _embed(self, token_ids, start_index=0, training=None):
+        """Embedding · √d + P, then dropout: `(B, T)` ids -> `(B, T, d)`."""
+        x = self.token_embedding(token_ids)  # (B, T, d)
+        x = x * ops.cast(math.sqrt(self.embed_dim), x.dtype)
+        return self.position_encoding(x, start_index=start_index, training=training)
+
+    def _finish(self, x):
+        return x if self.final_norm is None else self.final_norm(x)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self.vocab_size,
+                "num_layers": self.num_layers,
+                "embed_dim": self.embed_dim,
+                "num_heads": self.num_heads,
+                "ffn_dim": self.ffn_dim,
+                "dropout": self.dropout,
+                "norm_first": self.norm_first,
+                "activation": keras.activations.serialize(self.activation),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "seed": self.seed,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerEncoder(_TransformerStack):
+    """Transformer encoder: token embedding · √d + sinusoidal positions + dropout, N blocks.
+
+    Token id 0 is padding: it is hidden from every self-attention, and the output carries the
+    Keras implicit mask `token_ids != 0`. With `norm_first=True` a final LayerNorm closes the
+    stack.
+
+    Args:
+        vocab_size: int, number of source tokens.
+        num_layers: int, number of `TransformerEncoderBlock`s.
+        embed_dim: int, model size `d`.
+        num_heads: int, attention heads per block; must divide `embed_dim`.
+        ffn_dim: int, hidden size of each block's FFN.
+        dropout: float in [0, 1), dropout after the position encoding and in every block.
+            Defaults to `0.0`.
+        norm_first: bool, pre-LN blocks. Defaults to `False`.
+        activation: FFN activation. Defaults to `"relu"`.
+        kernel_initializer: initializer of the block kernels. Defaults to `"glorot_uniform"`.
+        seed: optional int seed for the dropouts. Defaults to `None`.
+
+    Call arguments:
+        inputs: integer token ids `(B, S)`, 0 = padding.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, S, embed_dim)`, with the implicit mask `inputs != 0`.
+
+    Example:
+    >>> encoder = TransformerEncoder(100, num_layers=2, embed_dim=32, num_heads=4, ffn_dim=64)
+    >>> encoder(keras.ops.array([[5, 6, 7, 0]])).shape  # (1, 4, 32)
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
+    """
+
+    def build(self, inputs_shape):
+        self._check_ids_shape("inputs", inputs_shape)
+        self._build_embedding(inputs_shape)
+        embedded_shape = tuple(inputs_shape) + (self.embed_dim,)
+        self.blocks = []
+        for i in range(self.num_layers):
+            block = TransformerEncoderBlock(**self._block_kwargs(), name=f"block_{i}")
+            block.build(embedded_shape)
+            self.blocks.append(block)
+
+    def call(self, inputs, training=None):
+        padding_mask = ops.not_equal(inputs, PAD_ID)  # (B, S)
+        x = self._embed(inputs, training=training)  # (B, S, d)
+        for block in self.blocks:
+            x = block(x, padding_mask=padding_mask, training=training)
+        return self._finish(x)
+
+    def compute_mask(self, inputs, mask=None):
+        return ops.not_equal(inputs, PAD_ID)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape) + (self.embed_dim,)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerDecoder(_TransformerStack):
+    """Transformer decoder: embedding · √d + positions + dropout, N blocks, vocabulary logits.
+
+    Target id 0 is padding (hidden by the causal self-attention's key mask, and padded queries
+    get a zero context); source padding is hidden from the cross-attention. The logits are
+    float32 under mixed precision.
+
+    It implements the decoding contract of `keras_attn.decoding`: `init_decode_state` builds
+    a static-shape state (self-attention caches preallocated to `max_length`, the projected
+    encoder keys and values, the source mask) and `decode_step` runs one token through the
+    stack, writing its keys and values into the caches in place.
+
+    Args:
+        vocab_size: int, number of target tokens (size of the logits).
+        num_layers: int, number of `TransformerDecoderBlock`s.
+        embed_dim: int, model size `d`.
+        num_heads: int, attention heads per block; must divide `embed_dim`.
+        ffn_dim: int, hidden size of each block's FFN.
+        dropout: float in [0, 1), dropout after the position encoding and in every block.
+            Defaults to `0.0`.
+        norm_first: bool, pre-LN blocks (and a final LayerNorm). Defaults to `False`.
+        activation: FFN activation. Defaults to `"relu"`.
+        kernel_initializer: initializer of the block kernels. Defaults to `"glorot_uniform"`.
+        seed: optional int seed for the dropouts. Defaults to `None`.
+
+    Call arguments:
+        inputs: integer target ids `(B, T)`, starting with `<bos>`; 0 = padding.
+        encoder_outputs: `(B, S, encoder_dim)`.
+        encoder_padding_mask: optional boolean `(B, S)`, True at real source tokens. Defaults
+            to the implicit mask of `encoder_outputs` (which `TransformerEncoder` sets).
+        return_attention_scores: bool, also return the cross-attention weights of every layer.
+            Defaults to `False`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        float32 logits `(B, T, vocab_size)`; with `return_attention_scores=True` also the
+        weights `(B, num_layers, num_heads, T, S)`.
+
+    Example:
+    >>> decoder = TransformerDecoder(100, num_layers=2, embed_dim=32, num_heads=4, ffn_dim=64)
+    >>> logits = decoder(keras.ops.array([[2, 9, 4]]), keras.ops.ones((1, 5, 32)))  # (1, 3, 100)
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
+    """
+
+    def build(self, inputs_shape, encoder_outputs_shape=None):
+        self._check_ids_shape("inputs", inputs_shape)
+        embedded_shape = tuple(inputs_shape) + (self.embed_dim,)
+        encoder_outputs_shape = encoder_outputs_shape or embedded_shape
+        self._build_embedding(inputs_shape)
+        self.blocks = []
+        for i in range(self.num_layers):
+            block = TransformerDecoderBlock(**self._block_kwargs(), name=f"block_{i}")
+            block.build(embedded_shape, encoder_outputs_shape)
+            self.blocks.append(block)
+        # float32 logits whatever the policy, so the softmax and the loss stay exact.
+        self.output_dense = keras.layers.Dense(
+            self.vocab_size,
+            kernel_initializer=self.kernel_initializer,
+            name="output_dense",
+            dtype="float32",
+        )
+        self.output_dense.build(embedded_shape)
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs,
+        encoder_padding_mask=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        if encoder_padding_mask is None:
+            encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
+        decoder_padding_mask = ops.not_equal(inputs, PAD_ID)  # (B, T)
+        x = self._embed(inputs, training=training)  # (B, T, d)
+        weights = []
+        for block in self.blocks:
+            x, w = block(
+                x,
+                encoder_outputs,
+                decoder_padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                return_attention_scores=True,
+                training=training,
+            )  # (B, T, d), (B, H, T, S)
+            weights.append(w)
+        logits = self.output_dense(self._finish(x))  # (B, T, V) float32
+        if return_attention_scores:
+            return logits, ops.cast(ops.stack(weights, axis=1), "float32")  # (B, L, H, T, S)
+        return logits
+
+    # ---- the decoding contract of keras_attn.decoding ----------------------------------------
+
+    def init_decode_state(self, encoder_outputs, source_ids, max_length: int) -> dict:
+        """The decoding state for `decode_step`; every tensor has the batch on axis 0.
+
+        Args:
+            encoder_outputs: `(B, S, encoder_dim)`.
+            source_ids: `(B, S)` source token ids (0 = padding).
+            max_length: int, the number of target positions the caches hold.
+
+        Returns:
+            A dict: `"self_attention_cache"`, one `(k, v)` per layer, each
+            `(B, num_heads, max_length, head_dim)`, all zeros; `"cross_attention_cache"`, one
+            `(k, v)` per layer, each `(B, num_heads, S, head_dim)`; `"encoder_padding_mask"`,
+            boolean `(B, S)`.
+        """
+        check_positive_int("max_length", max_length)
+        batch_size = ops.shape(source_ids)[0]
+        return {
+            "self_attention_cache": tuple(
+                block.init_self_attention_cache(batch_size, max_length) for block in self.blocks
+            ),
+            "cross_attention_cache": tuple(
+                block.compute_cross_attention_cache(encoder_outputs) for block in self.blocks
+            ),
+            "encoder_padding_mask": ops.not_equal(source_ids, PAD_ID),  # (B, S)
+        }
+
+    def decode_step(self, token_ids, index, state: dict):
+        """Run one target token through the stack using and updating the cache.
+
+        Args:
+            token_ids: int `(B,)`, the token at target position `index`.
+            index: scalar int tensor (or int), its position (0 for `<bos>`).
+            state: the dict from `init_decode_state` or the previous `decode_step`.
+
+        Returns:
+            `(logits, state, attention)`: float32 logits `(B, vocab_size)` for position
+            `index + 1`, the updated state, and float32 cross-attention weights
+            `(B, num_layers, num_heads, S)`.
+        """
+        token_ids = ops.expand_dims(ops.cast(token_ids, "int32"), -1)  # (B, 1)
+        x = self._embed(token_ids, start_index=index)  # (B, 1, d)
+        self_caches, weights = [], []
+        for block, self_cache, cross_cache in zip(
+            self.blocks, state["self_attention_cache"], state["cross_attention_cache"]
+        ):
+            x, self_cache, w = block(
+                x,
+                encoder_padding_mask=state["encoder_padding_mask"],
+                self_attention_cache=self_cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross_cache,
+                return_attention_scores=True,
+            )  # (B, 1, d), 2 x (B, H, max_length, d_h), (B, H, 1, S)
+            self_caches.append(self_cache)
+            weights.append(w[:, :, 0, :])  # (B, H, S)
+        logits = self.output_dense(self._finish(x))[:, 0, :]  # (B, V)
+        attention = ops.cast(ops.stack(weights, axis=1), "float32")  # (B, L, H, S)
+        state = dict(state, self_attention_cache=tuple(self_caches))
+        return logits, state, attention
+
+    def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
+        return tuple(inputs_shape) + (self.vocab_size,)
+
+    def compute_output_spec(self, inputs, encoder_outputs, encoder_padding_mask=None,
+                            return_attention_scores=False, training=None):
+        # The logits are float32 whatever the dtype policy.
+        logits = keras.KerasTensor(tuple(inputs.shape) + (self.vocab_size,), dtype="float32")
+        if not return_attention_scores:
+            return logits
+        weights_shape = (inputs.shape[0], self.num_layers, self.num_heads, inputs.shape[1],
+                         encoder_outputs.shape[1])
+        return logits, keras.KerasTensor(weights_shape, dtype="float32")

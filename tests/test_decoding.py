@@ -1,0 +1,407 @@
+"""Greedy and beam search: against Python/NumPy searches, exhaustive search, and in graphs."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn import decoding
+from keras_attn.models import transformer_seq2seq
+
+BOS, EOS = 2, 3
+
+
+def to_np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+# ---- a toy model keeping the decoding contract, with NumPy-known probabilities --------------
+
+
+class MarkovEncoder(keras.layers.Layer):
+    def call(self, source_ids):
+        return keras.ops.cast(source_ids, "float32")  # (B, S)
+
+    def compute_output_shape(self, source_ids_shape):
+        return source_ids_shape
+
+
+class MarkovDecoder(keras.layers.Layer):
+    """Second-order Markov chain: logits = table[t, y_{t-1}, y_t] + bias[source_ids[:, 0]].
+
+    The state carries the token before the previous one, so a beam search that reorders its
+    state wrongly gets the wrong probabilities. The attention (B, S) depends on the previous
+    token and hides source padding.
+    """
+
+    def __init__(self, table, bias, **kwargs):
+        super().__init__(**kwargs)
+        self.table = np.asarray(table, "float32")  # (L, V, V, V)
+        self.bias = np.asarray(bias, "float32")  # (source vocab, V)
+        self.vocab = self.table.shape[-1]
+
+    def _logits(self, index, prevprev, prev, first):
+        v = self.vocab
+        flat = keras.ops.reshape(self.table, (-1, v))  # (L * V * V, V)
+        rows = (index * v + prevprev) * v + prev
+        return keras.ops.take(flat, rows, axis=0) + keras.ops.take(self.bias, first, axis=0)
+
+    def call(self, target_ids, encoder_outputs):
+        target_ids = keras.ops.cast(target_ids, "int32")
+        first = keras.ops.cast(encoder_outputs[:, 0], "int32")[:, None]  # (B, 1)
+        prevprev = keras.ops.pad(target_ids[:, :-1], ((0, 0), (1, 0)))  # (B, T)
+        index = keras.ops.arange(keras.ops.shape(target_ids)[1])[None, :]  # (1, T)
+        return self._logits(index, prevprev, target_ids, first)  # (B, T, V)
+
+    def compute_output_spec(self, target_ids, encoder_outputs):
+        return keras.KerasTensor(tuple(target_ids.shape) + (self.vocab,), "float32")
+
+    def init_decode_state(self, encoder_outputs, source_ids, max_length):
+        source_ids = keras.ops.cast(source_ids, "int32")
+        return {"source": source_ids, "prevprev": keras.ops.zeros_like(source_ids[:, 0])}
+
+    def decode_step(self, token_ids, index, state):
+        source = state["source"]
+        logits = self._logits(index, state["prevprev"], token_ids, source[:, 0])
+        positions = keras.ops.arange(keras.ops.shape(source)[1])[None, :]  # (1, S)
+        weights = keras.ops.cast(1 + (positions + token_ids[:, None]) % 3, "float32")
+        weights = weights * keras.ops.cast(keras.ops.not_equal(source, 0), "float32")
+        attention = weights / keras.ops.sum(weights, axis=-1, keepdims=True)  # (B, S)
+        return logits, {"source": source, "prevprev": token_ids}, attention
+
+
+def markov_model(vocab=7, max_length=6, source_vocab=5, scale=2.0, seed=0, table=None):
+    rng = np.random.default_rng(seed)
+    if table is None:
+        table = scale * rng.standard_normal((max_length, vocab, vocab, vocab))
+        table[..., 0] -= 10.0  # like a trained model, rarely predict padding
+    bias = scale * rng.standard_normal((source_vocab, vocab))
+    source = keras.Input((None,), dtype="int32", name="source_ids")
+    target = keras.Input((None,), dtype="int32", name="target_in_ids")
+    decoder = MarkovDecoder(table, bias, name="decoder")
+    logits = decoder(target, MarkovEncoder(name="encoder")(source))
+    return keras.Model([source, target], logits), decoder
+
+
+def log_softmax(x):
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def np_markov_logits(decoder, t, prevprev, prev, first):
+    return decoder.table[t, prevprev, prev].astype("float64") + decoder.bias[first]
+
+
+def np_beam_search(decoder, source, max_length, beam_size, alpha):
+    """Textbook beam search run to `max_length`: finished hypotheses stay with their score."""
+    results = []
+    for first in source[:, 0]:
+        beams = [(0.0, [], False, 0)]  # (log P, tokens, finished, length)
+        for t in range(max_length):
+            candidates = []
+            for logp, tokens, finished, length in beams:
+                if finished:
+                    candidates.append((logp, tokens + [0], True, length))
+                    continue
+                prevprev, prev = ([0, BOS] + tokens)[-2:]
+                step = log_softmax(np_markov_logits(decoder, t, prevprev, prev, first))
+                for v in range(decoder.vocab):
+                    candidates.append((logp + step[v], tokens + [v], v == EOS, t + 1))
+            score = [c[0] / ((5 + c[3]) / 6) ** alpha for c in candidates]
+            order = sorted(range(len(candidates)), key=lambda i: -score[i])  # stable
+            beams = [candidates[i] for i in order[:beam_size]]
+        results.append(beams[0][1])
+    return np.array(results, "int32")
+
+
+def exhaustive_best(decoder, first, max_length, alpha):
+    """The complete hypothesis (ends in <eos>, or reaches max_length) of best score."""
+    best, best_score = None, -np.inf
+    for length in range(1, max_length + 1):
+        for tokens in itertools.product(range(decoder.vocab), repeat=length):
+            if EOS in tokens[:-1] or (tokens[-1] != EOS and length < max_length):
+                continue
+            logp, prevprev, prev = 0.0, 0, BOS
+            for t, v in enumerate(tokens):
+                logp += log_softmax(np_markov_logits(decoder, t, prevprev, prev, first))[v]
+                prevprev, prev = prev, v
+            score = logp / ((5 + length) / 6) ** alpha
+            if score > best_score:
+                best, best_score = list(tokens) + [0] * (max_length - length), score
+    return np.array(best, "int32")
+
+
+SOURCE = np.array([[1, 2, 0, 0], [3, 1, 4, 0], [4, 4, 4, 4], [2, 0, 0, 0]], "int32")
+
+
+# ---- greedy ---------------------------------------------------------------------------------
+
+
+def test_greedy_matches_numpy_on_the_markov_model():
+    model, decoder = markov_model()
+    tokens, attention = decoding.greedy_search(model, SOURCE, 6, return_attention=True)
+    tokens, attention = to_np(tokens), to_np(attention)
+    assert tokens.dtype == np.int32 and tokens.shape == (4, 6) and attention.shape == (4, 6, 4)
+    for b, first in enumerate(SOURCE[:, 0]):
+        prevprev, prev, done = 0, BOS, False
+        for t in range(6):
+            if done:
+                assert tokens[b, t] == 0 and np.all(attention[b, t] == 0)
+                continue
+            expected = int(np.argmax(np_markov_logits(decoder, t, prevprev, prev, first)))
+            assert tokens[b, t] == expected
+            weights = (1 + (np.arange(4) + prev) % 3) * (SOURCE[b] != 0)
+            np.testing.assert_allclose(attention[b, t], weights / weights.sum(), atol=1e-6)
+            prevprev, prev, done = prev, expected, expected == EOS
+    assert np.any(tokens == EOS) and np.any(tokens[:, -1] != 0)  # both ways of ending occur
+
+
+def test_search_stops_once_every_sequence_ended():
+    """The loop must not run another step after all sequences emitted <eos>."""
+    table = np.zeros((8, 7, 7, 7))
+    table[0, :, :, 5] = 50.0  # token 5 first,
+    table[1, :, :, EOS] = 50.0  # then <eos>, whatever the history
+
+    class CheckedDecoder(MarkovDecoder):
+        def decode_step(self, token_ids, index, state):
+            with tf.control_dependencies([tf.debugging.assert_less(index, 2)]):
+                return super().decode_step(tf.identity(token_ids), index, state)
+
+    model, decoder = markov_model(max_length=8, table=table, scale=0.1)
+    checked = CheckedDecoder(decoder.table, decoder.bias, name="decoder")
+    source = keras.Input((None,), dtype="int32")
+    target = keras.Input((None,), dtype="int32")
+    model = keras.Model([source, target], checked(target, MarkovEncoder(name="encoder")(source)))
+    tokens = to_np(decoding.greedy_search(model, SOURCE, 8))
+    np.testing.assert_array_equal(tokens[:, :2], [[5, EOS]] * len(SOURCE))
+    np.testing.assert_array_equal(tokens[:, 2:], 0)
+    beams = to_np(decoding.beam_search(model, SOURCE, 8, beam_size=3, length_penalty=0.0))
+    np.testing.assert_array_equal(beams[:, 2:], 0)
+
+
+# ---- beam search ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("beam_size", [2, 3])
+def test_beam_search_matches_numpy_reference(beam_size, alpha):
+    model, decoder = markov_model()
+    tokens = to_np(decoding.beam_search(model, SOURCE, 6, beam_size=beam_size,
+                                        length_penalty=alpha))
+    np.testing.assert_array_equal(tokens, np_beam_search(decoder, SOURCE, 6, beam_size, alpha))
+
+
+def test_beam_state_follows_its_parent():
+    """A garden path: the best hypothesis switches beams after step 0, and its next token
+    depends on the state (the token before the previous one) it inherited."""
+    table = np.full((5, 7, 7, 7), -20.0)
+    table[0, 0, BOS, [4, 5]] = np.log([0.6, 0.4])  # beam 0: 4, beam 1: 5
+    table[1, BOS, 4, :] = np.log(1 / 7)  # after 4 anything; after 5 surely 6,
+    table[1, BOS, 5, 6] = 0.0  # so 5 6 overtakes and moves to beam 0
+    table[2, 5, 6, EOS] = 0.0  # 5 6 <eos>, but with a wrong state (4 before 6): 1
+    table[2, 4, :, 1] = 0.0
+    table[3:, :, :, EOS] = 0.0
+    model, decoder = markov_model(table=table, scale=0.0, max_length=5)
+    tokens = to_np(decoding.beam_search(model, SOURCE, 5, beam_size=2, length_penalty=0.0))
+    np.testing.assert_array_equal(tokens, [[5, 6, EOS, 0, 0]] * len(SOURCE))
+    np.testing.assert_array_equal(tokens, np_beam_search(decoder, SOURCE, 5, 2, 0.0))
+
+
+def test_live_hypothesis_overtakes_a_finished_one():
+    """Early stopping must not return a finished hypothesis that a longer one later beats."""
+    table = np.full((6, 7, 7, 7), -20.0)
+    table[0, 0, BOS, [EOS, 4]] = np.log([0.55, 0.45])  # <eos> first is likelier ...
+    table[1:4, :, :, 5] = 0.0  # ... but 4 continues surely: 4 5 5 5 <eos>
+    table[4, :, :, EOS] = 0.0
+    model, decoder = markov_model(table=table, scale=0.0)
+    for alpha, expected in ((0.0, [EOS, 0, 0, 0, 0, 0]), (2.0, [4, 5, 5, 5, EOS, 0])):
+        tokens = to_np(decoding.beam_search(model, SOURCE, 6, beam_size=2,
+                                            length_penalty=alpha))
+        np.testing.assert_array_equal(tokens, [expected] * len(SOURCE))
+        np.testing.assert_array_equal(tokens, np_beam_search(decoder, SOURCE, 6, 2, alpha))
+
+
+def test_length_penalty_changes_the_winner():
+    model, _ = markov_model()
+    results = {alpha: to_np(decoding.beam_search(model, SOURCE, 6, beam_size=3,
+                                                 length_penalty=alpha))
+               for alpha in (0.0, 3.0)}
+    lengths = {alpha: (r != 0).sum() for alpha, r in results.items()}
+    assert lengths[3.0] > lengths[0.0]  # a larger alpha favours longer outputs
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_wide_beam_is_exhaustive_search(alpha):
+    model, decoder = markov_model(vocab=5, max_length=3, scale=1.5, seed=3)
+    tokens = to_np(decoding.beam_search(model, SOURCE, 3, beam_size=160, length_penalty=alpha))
+    for b, first in enumerate(SOURCE[:, 0]):
+        np.testing.assert_array_equal(tokens[b], exhaustive_best(decoder, first, 3, alpha))
+
+
+def test_beam_size_one_equals_greedy_on_markov_model():
+    model, _ = markov_model()
+    greedy, g_att = decoding.greedy_search(model, SOURCE, 6, return_attention=True)
+    beam, b_att = decoding.beam_search(model, SOURCE, 6, beam_size=1, return_attention=True)
+    np.testing.assert_array_equal(to_np(beam), to_np(greedy))
+    np.testing.assert_allclose(to_np(b_att), to_np(g_att), atol=1e-6)
+
+
+def test_xla_compiled_search_gives_the_same_results():
+    model, _ = markov_model()
+    for search, kwargs in ((decoding.greedy_search, {}),
+                           (decoding.beam_search, {"beam_size": 3})):
+        plain = search(model, SOURCE, 6, return_attention=True, **kwargs)
+        xla = search(model, SOURCE, 6, return_attention=True, jit_compile=True, **kwargs)
+        np.testing.assert_array_equal(to_np(xla[0]), to_np(plain[0]))
+        np.testing.assert_allclose(to_np(xla[1]), to_np(plain[1]), atol=1e-6)
+
+
+def test_beam_attention_is_that_of_the_returned_hypothesis():
+    model, _ = markov_model()
+    tokens, attention = decoding.beam_search(model, SOURCE, 6, beam_size=3,
+                                             return_attention=True)
+    tokens, attention = to_np(tokens), to_np(attention)
+    for b in range(len(SOURCE)):
+        prev = np.concatenate([[BOS], tokens[b, :-1]])
+        ended = np.concatenate([[False], np.cumsum(tokens[b] == EOS)[:-1] > 0])
+        weights = (1 + (np.arange(4)[None] + prev[:, None]) % 3) * (SOURCE[b] != 0)
+        expected = np.where(ended[:, None], 0.0, weights / weights.sum(-1, keepdims=True))
+        np.testing.assert_allclose(attention[b], expected, atol=1e-6)
+
+
+# ---- the Transformer --------------------------------------------------------------------------
+
+
+def varied_transformer():
+    """A small pre-LN Transformer with random weights whose greedy outputs vary.
+
+    Random Transformers tend to predict one token everywhere; tying the output projection to
+    a permutation of the target embedding makes the next token depend on the current one.
+    """
+    model = transformer_seq2seq(15, 17, num_layers=2, embed_dim=16, num_heads=4, ffn_dim=32,
+                                dropout=0.0, norm_first=True)
+    rng = np.random.default_rng(0)
+    for var in model.weights:
+        var.assign(0.2 * rng.standard_normal(var.shape) + ("gamma" in var.path))
+    decoder = model.get_layer("decoder")
+    table = to_np(decoder.token_embedding.embeddings)  # (V, d)
+    decoder.output_dense.kernel.assign(2.0 * table[rng.permutation(len(table))].T)
+    decoder.output_dense.bias.assign(np.zeros(len(table), "float32"))
+    return model
+
+
+T_SOURCE = np.array([[4, 5, 6, 7, 0, 0], [8, 9, 10, 11, 12, 13], [14, 4, 0, 0, 0, 0]], "int32")
+
+
+def python_greedy(model, source, max_length):
+    """Explicit argmax loop over the full forward pass, no cache, no early stop."""
+    prefix = np.full((len(source), 1), BOS, "int32")
+    for _ in range(max_length):
+        logits = to_np(model([source, prefix]))[:, -1]  # (B, V)
+        prefix = np.concatenate([prefix, logits.argmax(-1).astype("int32")[:, None]], 1)
+    return prefix[:, 1:]
+
+
+def test_transformer_greedy_equals_python_argmax_loop_and_beam_size_one():
+    model = varied_transformer()
+    reference = python_greedy(model, T_SOURCE, 7)
+    assert len(np.unique(reference)) > 4  # a real test: the outputs vary
+    eos = int(reference[1, 2])  # a token the model does emit, so a row stops early
+    ended = np.cumsum(np.cumsum(reference == eos, 1), 1) > 1  # (B, T): after the first eos
+    assert ended.any() and not ended.all(1).any()
+    tokens, attention = decoding.greedy_search(model, T_SOURCE, 7, eos_id=eos,
+                                               return_attention=True)
+    tokens, attention = to_np(tokens), to_np(attention)
+    np.testing.assert_array_equal(tokens, np.where(ended, 0, reference))
+    # The attention is the full pass' cross-attention of every layer and head, zero after eos.
+    prefix = np.concatenate([np.full((3, 1), BOS, "int32"), reference[:, :-1]], 1)
+    decoder, encoder = model.get_layer("decoder"), model.get_layer("encoder")
+    _, full = decoder(prefix, encoder(T_SOURCE), encoder_padding_mask=T_SOURCE != 0,
+                      return_attention_scores=True)  # (B, L, H, T, S)
+    expected = np.where(ended[:, :, None, None, None], 0.0, np.moveaxis(to_np(full), 3, 1))
+    assert attention.shape == (3, 7, 2, 4, 6)
+    np.testing.assert_allclose(attention, expected, atol=1e-5)
+    # Beam size 1 is greedy search.
+    beam, beam_attention = decoding.beam_search(model, T_SOURCE, 7, beam_size=1, eos_id=eos,
+                                                return_attention=True)
+    np.testing.assert_array_equal(to_np(beam), tokens)
+    np.testing.assert_allclose(to_np(beam_attention), attention, atol=1e-6)
+
+
+def python_beam_search(model, source, max_length, beam_size, alpha, eos):
+    """Textbook beam search, one full forward pass (no cache) per step, run to max_length."""
+    results = []
+    for b in range(len(source)):
+        beams = [(0.0, [], False, 0)]  # (log P, tokens, finished, length)
+        for t in range(max_length):
+            alive = [beam for beam in beams if not beam[2]]
+            if alive:
+                prefixes = np.array([[BOS] + beam[1] for beam in alive], "int32")  # (A, t+1)
+                sources = np.repeat(source[b:b + 1], len(alive), axis=0)
+                logits = to_np(model([sources, prefixes]))[:, -1].astype("float64")
+                step = np.stack([log_softmax(row) for row in logits])  # (A, V)
+            candidates, row = [], 0
+            for logp, tokens, finished, length in beams:
+                if finished:
+                    candidates.append((logp, tokens + [0], True, length))
+                    continue
+                for v in range(step.shape[1]):
+                    candidates.append((logp + step[row, v], tokens + [v], v == eos, t + 1))
+                row += 1
+            score = [c[0] / ((5 + c[3]) / 6) ** alpha for c in candidates]
+            order = sorted(range(len(candidates)), key=lambda i: -score[i])  # stable
+            beams = [candidates[i] for i in order[:beam_size]]
+        results.append(beams[0][1])
+    return np.array(results, "int32")
+
+
+def test_transformer_beam_search_equals_uncached_python_beam_search():
+    model = varied_transformer()
+    eos = int(python_greedy(model, T_SOURCE, 3)[1, 2])
+    tokens = to_np(decoding.beam_search(model, T_SOURCE, 7, beam_size=3, eos_id=eos))
+    np.testing.assert_array_equal(tokens, python_beam_search(model, T_SOURCE, 7, 3, 0.6, eos))
+    assert np.any(tokens == eos)
+
+
+def test_beam_search_in_tf_function_with_unknown_batch():
+    """Usable inside a SavedModel-style signature: batch and length None, traced once."""
+    model = varied_transformer()
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    def translate(source_ids):
+        return decoding.beam_search(model, source_ids, 7, beam_size=3)
+
+    batch = to_np(translate(T_SOURCE))
+    for b in range(len(T_SOURCE)):  # each sequence alone gives the same as in the batch
+        alone = T_SOURCE[b:b + 1, : (T_SOURCE[b] != 0).sum()]  # and without its padding
+        np.testing.assert_array_equal(to_np(translate(alone)), batch[b:b + 1])
+    assert translate.experimental_get_tracing_count() == 1
+    assert len(np.unique(batch)) > 3 and np.all(np.any(batch == EOS, axis=1))
+
+
+# ---- arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "search, kwargs, name",
+    [
+        (decoding.greedy_search, {"max_length": 0}, "max_length"),
+        (decoding.greedy_search, {"max_length": 3, "eos_id": -1}, "eos_id"),
+        (decoding.beam_search, {"max_length": 3, "beam_size": 0}, "beam_size"),
+        (decoding.beam_search, {"max_length": 3, "length_penalty": -0.5}, "length_penalty"),
+        (decoding.beam_search, {"max_length": 2.5}, "max_length"),
+    ],
+)
+def test_bad_arguments_name_the_argument(search, kwargs, name):
+    model, _ = markov_model()
+    with pytest.raises(ValueError, match=f"Received: {name}="):
+        search(model, SOURCE, **kwargs)
+
+
+def test_model_without_the_contract_is_refused():
+    inputs = keras.Input((None,), dtype="int32")
+    plain = keras.Model(inputs, keras.layers.Embedding(5, 3, name="decoder")(inputs))
+    with pytest.raises(ValueError, match="encoder"):
+        decoding.greedy_search(plain, SOURCE, 3)
