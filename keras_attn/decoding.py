@@ -81,6 +81,13 @@ def _attention_buffer(attention, leading, max_length: int):
     return tf.zeros(shape, attention.dtype)
 
 
+def _never_emitted(vocab_size, bos_id: int):
+    """`(V,)` True for padding (id 0) and `<bos>`, which are never outputs: an untrained
+    model may rank them first, and a 0 mid-sequence would read as the end of the output."""
+    ids = tf.range(vocab_size)
+    return tf.logical_or(tf.equal(ids, 0), tf.equal(ids, bos_id))
+
+
 def _greedy(model, source_ids, max_length, bos_id, eos_id, return_attention):
     encoder, decoder = _decoder_parts(model)
     batch_size = tf.shape(source_ids)[0]
@@ -89,6 +96,8 @@ def _greedy(model, source_ids, max_length, bos_id, eos_id, return_attention):
 
     def step(index, previous, finished, state):
         logits, state, attention = decoder.decode_step(previous, index, state)
+        logits = tf.where(_never_emitted(tf.shape(logits)[-1], bos_id), tf.float32.min,
+                          tf.cast(logits, tf.float32))  # (B, V)
         tokens = tf.argmax(logits, axis=-1, output_type=tf.int32)  # (B,)
         tokens = tf.where(finished, 0, tokens)  # padding after <eos>
         attention = _zero_where(finished, tf.convert_to_tensor(attention))
@@ -146,6 +155,7 @@ def _beam(model, source_ids, max_length, beam_size, length_penalty, bos_id, eos_
         )  # (B * K, V), ..., (B * K, ...)
         vocab_size = tf.shape(logits)[-1]
         step_log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+        step_log_probs = tf.where(_never_emitted(vocab_size, bos_id), _NEG, step_log_probs)
         step_log_probs = tf.reshape(step_log_probs, [batch_size, beam_size, vocab_size])
         live = tf.expand_dims(log_probs, -1) + step_log_probs  # (B, K, V)
         is_pad = tf.equal(tf.range(vocab_size), 0)  # (V,)

@@ -85,6 +85,18 @@ def markov_model(vocab=7, max_length=6, source_vocab=5, scale=2.0, seed=0, table
     return keras.Model([source, target], logits), decoder
 
 
+def allowed(vocab):
+    """Every token the searches may emit: not padding (0), not <bos>."""
+    return [v for v in range(vocab) if v not in (0, BOS)]
+
+
+def banned(logits):
+    """Logits with padding and <bos> ruled out, as the searches rule them out."""
+    logits = np.array(logits, "float64")
+    logits[..., [0, BOS]] = -np.inf
+    return logits
+
+
 def log_softmax(x):
     x = x - x.max()
     return x - np.log(np.exp(x).sum())
@@ -107,7 +119,7 @@ def np_beam_search(decoder, source, max_length, beam_size, alpha):
                     continue
                 prevprev, prev = ([0, BOS] + tokens)[-2:]
                 step = log_softmax(np_markov_logits(decoder, t, prevprev, prev, first))
-                for v in range(decoder.vocab):
+                for v in allowed(decoder.vocab):
                     candidates.append((logp + step[v], tokens + [v], v == EOS, t + 1))
             score = [c[0] / ((5 + c[3]) / 6) ** alpha for c in candidates]
             order = sorted(range(len(candidates)), key=lambda i: -score[i])  # stable
@@ -120,7 +132,7 @@ def exhaustive_best(decoder, first, max_length, alpha):
     """The complete hypothesis (ends in <eos>, or reaches max_length) of best score."""
     best, best_score = None, -np.inf
     for length in range(1, max_length + 1):
-        for tokens in itertools.product(range(decoder.vocab), repeat=length):
+        for tokens in itertools.product(allowed(decoder.vocab), repeat=length):
             if EOS in tokens[:-1] or (tokens[-1] != EOS and length < max_length):
                 continue
             logp, prevprev, prev = 0.0, 0, BOS
@@ -150,7 +162,8 @@ def test_greedy_matches_numpy_on_the_markov_model():
             if done:
                 assert tokens[b, t] == 0 and np.all(attention[b, t] == 0)
                 continue
-            expected = int(np.argmax(np_markov_logits(decoder, t, prevprev, prev, first)))
+            expected = int(np.argmax(banned(np_markov_logits(decoder, t, prevprev, prev,
+                                                             first))))
             assert tokens[b, t] == expected
             weights = (1 + (np.arange(4) + prev) % 3) * (SOURCE[b] != 0)
             np.testing.assert_allclose(attention[b, t], weights / weights.sum(), atol=1e-6)
@@ -300,7 +313,7 @@ def python_greedy(model, source, max_length):
     prefix = np.full((len(source), 1), BOS, "int32")
     for _ in range(max_length):
         logits = to_np(model([source, prefix]))[:, -1]  # (B, V)
-        prefix = np.concatenate([prefix, logits.argmax(-1).astype("int32")[:, None]], 1)
+        prefix = np.concatenate([prefix, banned(logits).argmax(-1).astype("int32")[:, None]], 1)
     return prefix[:, 1:]
 
 
@@ -347,7 +360,7 @@ def python_beam_search(model, source, max_length, beam_size, alpha, eos):
                 if finished:
                     candidates.append((logp, tokens + [0], True, length))
                     continue
-                for v in range(step.shape[1]):
+                for v in allowed(step.shape[1]):
                     candidates.append((logp + step[row, v], tokens + [v], v == eos, t + 1))
                 row += 1
             score = [c[0] / ((5 + c[3]) / 6) ** alpha for c in candidates]
