@@ -2,8 +2,15 @@
 
 from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.additive_attention import AdditiveAttention
+from keras_attn.layers.bahdanau import BahdanauCell, BahdanauDecoder, BahdanauEncoder
 from keras_attn.layers.base import BaseAttention
 from keras_attn.layers.ffn import FFN
+from keras_attn.layers.linear_attention import LinearAttention, linear_attention
+from keras_attn.layers.local_attention import (
+    LocalMultiHead,
+    local_attention_mask,
+    local_dot_product_attention,
+)
 from keras_attn.layers.multi_head import MultiHead
 from keras_attn.layers.nw_pooling import NWPooling
 from keras_attn.layers.position_encoding import (
@@ -11,15 +18,43 @@ from keras_attn.layers.position_encoding import (
     sinusoidal_table,
 )
 from keras_attn.layers.scaled_dot_attention import ScaledDotAttention
+from keras_attn.layers.swin import (
+    PatchEmbedding,
+    PatchMerging,
+    SwinBlock,
+    WindowAttention,
+)
+from keras_attn.layers.transformer import (
+    TransformerDecoder,
+    TransformerDecoderBlock,
+    TransformerEncoder,
+    TransformerEncoderBlock,
+)
 
 __all__ = [
     "FFN",
     "AddNorm",
     "AdditiveAttention",
+    "BahdanauCell",
+    "BahdanauDecoder",
+    "BahdanauEncoder",
     "BaseAttention",
+    "LinearAttention",
+    "LocalMultiHead",
     "MultiHead",
     "NWPooling",
+    "PatchEmbedding",
+    "PatchMerging",
     "ScaledDotAttention",
     "SinusoidalPositionEncoding",
+    "SwinBlock",
+    "TransformerDecoder",
+    "TransformerDecoderBlock",
+    "TransformerEncoder",
+    "TransformerEncoderBlock",
+    "WindowAttention",
+    "linear_attention",
+    "local_attention_mask",
+    "local_dot_product_attention",
     "sinusoidal_table",
 ]

@@ -1,0 +1,483 @@
+"""Swin Transformer pieces: (shifted) window attention over a 2D token grid (Liu et al., 2021).
+
+Tokens live on a `(B, H, W, C)` grid. `WindowAttention` is multi-head self-attention inside
+non-overlapping `M × M` windows with a learned relative position bias; `SwinBlock` wraps it
+pre-LN with an MLP and, when `shift_size > 0`, cyclically shifts the grid by `shift_size` first
+(so windows straddle the previous block's window borders) with a mask that keeps the tokens that
+wrapped around apart. `PatchEmbedding` and `PatchMerging` build and downsample the grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn import ops as attn_ops
+from keras_attn.layers.base import BaseAttention, check_positive_int, check_rate
+from keras_attn.layers.ffn import FFN
+
+
+def window_partition(x, window_size: int):
+    """`(B, H, W, C)` -> `(B · nW, M², C)`, windows in row-major order, batch-major."""
+    _, height, width, channels = ops.shape(x)
+    m = window_size
+    x = ops.reshape(x, (-1, height // m, m, width // m, m, channels))  # (B, H/M, M, W/M, M, C)
+    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))  # (B, H/M, W/M, M, M, C)
+    return ops.reshape(x, (-1, m * m, channels))  # (B · nW, M², C)
+
+
+def window_reverse(windows, window_size: int, height: int, width: int):
+    """`(B · nW, M², C)` -> `(B, H, W, C)`, the inverse of `window_partition`."""
+    m = window_size
+    channels = ops.shape(windows)[-1]
+    x = ops.reshape(windows, (-1, height // m, width // m, m, m, channels))
+    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))  # (B, H/M, M, W/M, M, C)
+    return ops.reshape(x, (-1, height, width, channels))  # (B, H, W, C)
+
+
+def relative_position_index(window_size: int) -> np.ndarray:
+    """`(M², M²)` index into the `(2M - 1)²` bias table: the relative offset `(dy, dx)` of two
+    tokens of a window, each shifted to `[0, 2M - 2]`, flattened row-major."""
+    m = window_size
+    coords = np.stack(np.meshgrid(np.arange(m), np.arange(m), indexing="ij")).reshape(2, -1)
+    relative = coords[:, :, None] - coords[:, None, :] + (m - 1)  # (2, M², M²)
+    return relative[0] * (2 * m - 1) + relative[1]
+
+
+def shifted_window_mask(height: int, width: int, window_size: int, shift_size: int) -> np.ndarray:
+    """`(nW, M², M²)` boolean mask (True = attend) of the windows of a grid shifted by
+    `-shift_size`: a token attends to another of its window only if both come from the same
+    region of the unshifted grid (no wrap-around neighbours)."""
+    labels = np.zeros((height, width), np.int32)
+    if shift_size:
+        m, s = window_size, shift_size
+        regions = (slice(0, -m), slice(-m, -s), slice(-s, None))
+        for i, rows in enumerate(regions):
+            for j, cols in enumerate(regions):
+                labels[rows, cols] = 3 * i + j
+    windows = labels.reshape(height // window_size, window_size, width // window_size,
+                             window_size)
+    windows = windows.transpose(0, 2, 1, 3).reshape(-1, window_size * window_size)  # (nW, M²)
+    return windows[:, :, None] == windows[:, None, :]
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class WindowAttention(BaseAttention):
+    """Multi-head self-attention inside one `M × M` window, with relative position bias.
+
+    `softmax(Q Kᵀ / √d + B) V` per head, where `B[i, j] = table[index(i, j), head]` and the
+    learned table holds one value per relative offset `(dy, dx) ∈ [-(M-1), M-1]²` and head.
+    Inputs are windows already flattened to `M²` tokens (see `window_partition`).
+
+    Args:
+        num_heads: int, number of heads `H`.
+        window_size: int, window side `M`; inputs have `M²` tokens.
+        key_dim: int, size of each head. Defaults to `channels // num_heads`.
+        use_bias: bool, whether the projections have biases. Defaults to `True`.
+        dropout: float in [0, 1), dropout on the attention weights. Defaults to `0.0`.
+        kernel_initializer: initializer of the projection kernels. Defaults to
+            `"glorot_uniform"`.
+        seed: optional int seed for the dropout. Defaults to `None`.
+
+    Call arguments:
+        query: `(B · nW, M², C)`.
+        key, value: default to `query` (self-attention); must also have `M²` tokens.
+        attention_mask: optional boolean `(B · nW, M², M²)`, e.g. the shifted-window mask.
+        valid_lens, use_causal_mask, return_attention_scores, training: as in every keras_attn
+            attention layer.
+
+    Returns:
+        `(B · nW, M², C)`; with `return_attention_scores=True`, also the weights
+        `(B · nW, H, M², M²)`.
+
+    Example:
+    >>> windows = keras.ops.ones((8, 16, 32))  # 8 windows of 4 × 4 tokens
+    >>> WindowAttention(num_heads=4, window_size=4)(windows).shape  # (8, 16, 32)
+
+    References:
+        Liu et al., 2021, "Swin Transformer: Hierarchical Vision Transformer using Shifted
+        Windows", https://arxiv.org/abs/2103.14030
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        window_size: int,
+        key_dim: int | None = None,
+        use_bias: bool = True,
+        dropout: float = 0.0,
+        kernel_initializer="glorot_uniform",
+        seed: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(dropout=dropout, seed=seed, **kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("window_size", window_size)
+        check_positive_int("key_dim", key_dim, allow_none=True)
+        if not isinstance(use_bias, bool):
+            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+                "Received an invalid value for argument `use_bias`, expected a bool. "
+                f"Received: use_bias={use_bias!r}"
+            )
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.key_dim = key_dim
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.index = relative_position_index(window_size).reshape(-1)  # (M⁴,) constant
+
+    def build(self, query_shape, key_shape=None, value_shape=None):
+        key_shape = query_shape if key_shape is None else key_shape
+        value_shape = key_shape if value_shape is None else value_shape
+        self.check_inputs(query_shape, key_shape, value_shape)
+        tokens = self.window_size**2
+        for name, shape in (("query", query_shape), ("key", key_shape), ("value", value_shape)):
+            if len(shape) != 3 or shape[-1] is None or shape[1] not in (None, tokens):
+                raise ValueError(
+                    f"Argument `{name}` must have shape (num_windows, window_size**2={tokens}, "
+                    f"channels). Received: {name}.shape={tuple(shape)}"
+                )
+        channels = query_shape[-1]
+        if self.key_dim is None and channels % self.num_heads:
+            raise ValueError(
+                f"Argument `num_heads` must divide the channels ({channels}) when `key_dim` is "
+                f"None. Received: num_heads={self.num_heads}"
+            )
+        self.head_dim = self.key_dim or channels // self.num_heads
+        dense = {"use_bias": self.use_bias, "kernel_initializer": self.kernel_initializer,
+                 "dtype": self.dtype_policy}
+        width = self.num_heads * self.head_dim
+        self.query_dense = keras.layers.Dense(width, name="query_dense", **dense)
+        self.key_dense = keras.layers.Dense(width, name="key_dense", **dense)
+        self.value_dense = keras.layers.Dense(width, name="value_dense", **dense)
+        self.output_dense = keras.layers.Dense(channels, name="output_dense", **dense)
+        self.query_dense.build(query_shape)
+        self.key_dense.build(key_shape)
+        self.value_dense.build(value_shape)
+        self.output_dense.build(tuple(query_shape[:-1]) + (width,))
+        self.relative_position_bias_table = self.add_weight(
+            name="relative_position_bias_table",
+            shape=((2 * self.window_size - 1) ** 2, self.num_heads),
+            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+        )
+
+    def relative_position_bias(self):
+        """The `(H, M², M²)` bias added to every window's scores."""
+        tokens = self.window_size**2
+        bias = ops.take(self.relative_position_bias_table, self.index, axis=0)  # (M⁴, H)
+        return ops.transpose(ops.reshape(bias, (tokens, tokens, self.num_heads)), (2, 0, 1))
+
+    def _split_heads(self, x):
+        x = ops.reshape(x, (-1, self.window_size**2, self.num_heads, self.head_dim))
+        return ops.transpose(x, (0, 2, 1, 3))  # (B · nW, H, M², d)
+
+    def attend(self, query, key, value, mask, training):
+        q = self._split_heads(self.query_dense(query))  # (B · nW, H, M², d)
+        k = self._split_heads(self.key_dense(key))
+        v = self._split_heads(self.value_dense(value))
+        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        scores = ops.cast(ops.matmul(q, ops.swapaxes(k, -1, -2)), "float32")  # (B·nW, H, N, N)
+        scores = scores + ops.cast(self.relative_position_bias(), "float32")[None]
+        if mask is not None:
+            mask = ops.expand_dims(ops.cast(mask, "bool"), 1)  # (B · nW, 1, N, N)
+        weights = ops.cast(attn_ops.masked_softmax(scores, mask=mask), v.dtype)
+        context = ops.matmul(self.dropout_weights(weights, training), v)  # (B · nW, H, N, d)
+        context = ops.transpose(context, (0, 2, 1, 3))  # (B · nW, N, H, d)
+        context = ops.reshape(context, (-1, self.window_size**2, self.num_heads * self.head_dim))
+        return self.output_dense(context), weights  # (B · nW, N, C), (B · nW, H, N, N)
+
+    def compute_output_shape(self, query_shape, key_shape=None, value_shape=None):
+        return tuple(query_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "window_size": self.window_size,
+                "key_dim": self.key_dim,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config
+
+
+def _check_grid(name: str, shape, divisor: int, divisor_name: str) -> None:
+    if len(shape) != 4 or None in shape[1:]:
+        raise ValueError(
+            f"Argument `{name}` must have shape (batch_size, height, width, channels) with known "
+            f"height, width and channels. Received: {name}.shape={tuple(shape)}"
+        )
+    if shape[1] % divisor or shape[2] % divisor:
+        raise ValueError(
+            f"Argument `{name}` must have height and width divisible by {divisor_name}="
+            f"{divisor}. Received: {name}.shape={tuple(shape)}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SwinBlock(keras.layers.Layer):
+    """One Swin Transformer block: (shifted) window attention and an MLP, pre-LN.
+
+    `h = x + R⁻¹(WindowAttention(R(LayerNorm(x)), mask))`, `y = h + MLP(LayerNorm(h))`, where
+    `R` cyclically shifts the grid by `-shift_size` (`keras.ops.roll`) and cuts it into windows.
+    With `shift_size > 0` the mask of `shifted_window_mask` keeps tokens that wrapped around
+    apart. Alternate `shift_size=0` and `window_size // 2` in consecutive blocks.
+
+    Args:
+        num_heads: int, number of attention heads.
+        window_size: int, window side `M`; height and width must be multiples of it.
+        shift_size: int in `[0, window_size)`, the cyclic shift. Defaults to `0`.
+        mlp_ratio: float, MLP hidden size over channels. Defaults to `4.0`.
+        dropout: float in [0, 1), dropout on the attention weights and the MLP hidden layer.
+            Defaults to `0.0`.
+        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+        seed: optional int seed for the dropouts. Defaults to `None`.
+
+    Call arguments:
+        inputs: `(B, H, W, C)` token grid.
+        training: bool, whether dropout is active.
+        return_attention_scores: bool, also return the attention weights.
+
+    Returns:
+        `(B, H, W, C)`; with `return_attention_scores=True`, also the weights
+        `(B, nW, num_heads, M², M²)` of the (shifted) windows in row-major order.
+
+    Example:
+    >>> block = SwinBlock(num_heads=2, window_size=4, shift_size=2)
+    >>> block(keras.ops.ones((2, 8, 8, 32))).shape  # (2, 8, 8, 32)
+
+    References:
+        Liu et al., 2021, "Swin Transformer: Hierarchical Vision Transformer using Shifted
+        Windows", https://arxiv.org/abs/2103.14030
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        window_size: int,
+        shift_size: int = 0,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        epsilon: float = 1e-5,
+        seed: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("window_size", window_size)
+        if (isinstance(shift_size, bool) or not isinstance(shift_size, int)
+                or not 0 <= shift_size < window_size):
+            raise ValueError(
+                "Received an invalid value for argument `shift_size`, expected an integer in "
+                f"[0, window_size={window_size}). Received: shift_size={shift_size!r}"
+            )
+        for name, value in (("mlp_ratio", mlp_ratio), ("epsilon", epsilon)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(
+                    f"Received an invalid value for argument `{name}`, expected a positive "
+                    f"float. Received: {name}={value!r}"
+                )
+        check_rate("dropout", dropout)
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.shift_size = shift_size
+        self.mlp_ratio = mlp_ratio
+        self.dropout = dropout
+        self.epsilon = epsilon
+        self.seed = seed
+
+    def build(self, input_shape):
+        _check_grid("inputs", input_shape, self.window_size, "window_size")
+        _, self.height, self.width, channels = input_shape
+        if channels % self.num_heads:
+            raise ValueError(
+                f"Argument `num_heads` must divide the channels ({channels}). "
+                f"Received: num_heads={self.num_heads}"
+            )
+        windows_shape = (None, self.window_size**2, channels)
+        self.norm1 = keras.layers.LayerNormalization(epsilon=self.epsilon, name="norm1",
+                                                     dtype=self.dtype_policy)
+        self.attention = WindowAttention(self.num_heads, self.window_size, dropout=self.dropout,
+                                         seed=self.seed, name="attention",
+                                         dtype=self.dtype_policy)
+        self.norm2 = keras.layers.LayerNormalization(epsilon=self.epsilon, name="norm2",
+                                                     dtype=self.dtype_policy)
+        self.mlp = FFN(max(1, round(channels * self.mlp_ratio)), activation="gelu",
+                       dropout=self.dropout, seed=self.seed, name="mlp", dtype=self.dtype_policy)
+        self.norm1.build(input_shape)
+        self.attention.build(windows_shape)
+        self.norm2.build(input_shape)
+        self.mlp.build(input_shape)
+
+    def call(self, inputs, training=None, return_attention_scores=False):
+        s, m = self.shift_size, self.window_size
+        h = self.norm1(inputs)
+        if s:
+            h = ops.roll(h, shift=(-s, -s), axis=(1, 2))  # (B, H, W, C)
+        windows = window_partition(h, m)  # (B · nW, M², C)
+        mask = None
+        if s:
+            mask = ops.convert_to_tensor(shifted_window_mask(self.height, self.width, m, s))
+            mask = ops.tile(mask, (ops.shape(inputs)[0], 1, 1))  # (B · nW, M², M²)
+        h, weights = self.attention(windows, attention_mask=mask, training=training,
+                                    return_attention_scores=True)
+        h = window_reverse(h, m, self.height, self.width)  # (B, H, W, C)
+        if s:
+            h = ops.roll(h, shift=(s, s), axis=(1, 2))
+        x = inputs + h
+        outputs = x + self.mlp(self.norm2(x), training=training)  # (B, H, W, C)
+        if not return_attention_scores:
+            return outputs
+        num_windows = (self.height // m) * (self.width // m)
+        weights = ops.reshape(weights, (-1, num_windows, self.num_heads, m * m, m * m))
+        return outputs, weights
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "window_size": self.window_size,
+                "shift_size": self.shift_size,
+                "mlp_ratio": self.mlp_ratio,
+                "dropout": self.dropout,
+                "epsilon": self.epsilon,
+                "seed": self.seed,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class PatchEmbedding(keras.layers.Layer):
+    """Cuts an image into `p × p` patches and embeds each linearly: a grid of tokens.
+
+    A `Conv2D` with kernel and stride `p` (one dense map per patch), then LayerNorm.
+
+    Args:
+        patch_size: int, patch side `p`; image height and width must be multiples of it.
+        embed_dim: int, size of each token `C`.
+        use_norm: bool, LayerNorm after the projection. Defaults to `True`.
+        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+
+    Call arguments:
+        inputs: `(B, H, W, channels)` images.
+
+    Returns:
+        `(B, H / p, W / p, embed_dim)`.
+
+    Example:
+    >>> PatchEmbedding(patch_size=2, embed_dim=32)(keras.ops.ones((4, 8, 8, 1))).shape
+    (4, 4, 4, 32)
+
+    References:
+        Dosovitskiy et al., 2020, "An Image is Worth 16x16 Words",
+        https://arxiv.org/abs/2010.11929
+    """
+
+    def __init__(self, patch_size: int, embed_dim: int, use_norm: bool = True,
+                 epsilon: float = 1e-5, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("patch_size", patch_size)
+        check_positive_int("embed_dim", embed_dim)
+        if not isinstance(use_norm, bool):
+            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+                "Received an invalid value for argument `use_norm`, expected a bool. "
+                f"Received: use_norm={use_norm!r}"
+            )
+        self.patch_size = patch_size
+        self.embed_dim = embed_dim
+        self.use_norm = use_norm
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        _check_grid("inputs", input_shape, self.patch_size, "patch_size")
+        self.projection = keras.layers.Conv2D(self.embed_dim, self.patch_size,
+                                              strides=self.patch_size, name="projection",
+                                              dtype=self.dtype_policy)
+        self.projection.build(input_shape)
+        if self.use_norm:
+            self.norm = keras.layers.LayerNormalization(epsilon=self.epsilon, name="norm",
+                                                        dtype=self.dtype_policy)
+            self.norm.build(self.compute_output_shape(input_shape))
+
+    def call(self, inputs):
+        tokens = self.projection(inputs)  # (B, H/p, W/p, C)
+        return self.norm(tokens) if self.use_norm else tokens
+
+    def compute_output_shape(self, input_shape):
+        p = self.patch_size
+        return (input_shape[0], input_shape[1] // p, input_shape[2] // p, self.embed_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"patch_size": self.patch_size, "embed_dim": self.embed_dim,
+                       "use_norm": self.use_norm, "epsilon": self.epsilon})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class PatchMerging(keras.layers.Layer):
+    """Halves the grid: concatenates each 2 × 2 group of tokens, LayerNorm, linear map.
+
+    The four tokens of a group are concatenated in the order (0, 0), (1, 0), (0, 1), (1, 1)
+    (row, column offsets), as in the reference implementation, giving `4C` features, mapped to
+    `output_dim` without bias.
+
+    Args:
+        output_dim: int, size of the merged tokens. Defaults to `2 * channels`.
+        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+
+    Call arguments:
+        inputs: `(B, H, W, C)` with even `H` and `W`.
+
+    Returns:
+        `(B, H / 2, W / 2, output_dim)`.
+
+    Example:
+    >>> PatchMerging()(keras.ops.ones((4, 8, 8, 32))).shape  # (4, 4, 4, 64)
+
+    References:
+        Liu et al., 2021, "Swin Transformer: Hierarchical Vision Transformer using Shifted
+        Windows", https://arxiv.org/abs/2103.14030
+    """
+
+    def __init__(self, output_dim: int | None = None, epsilon: float = 1e-5, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("output_dim", output_dim, allow_none=True)
+        self.output_dim = output_dim
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        _check_grid("inputs", input_shape, 2, "2")
+        merged = tuple(input_shape[:1]) + (input_shape[1] // 2, input_shape[2] // 2,
+                                           4 * input_shape[3])
+        self.norm = keras.layers.LayerNormalization(epsilon=self.epsilon, name="norm",
+                                                    dtype=self.dtype_policy)
+        self.reduction = keras.layers.Dense(self.output_dim or 2 * input_shape[3],
+                                            use_bias=False, name="reduction",
+                                            dtype=self.dtype_policy)
+        self.norm.build(merged)
+        self.reduction.build(merged)
+
+    def call(self, inputs):
+        groups = [inputs[:, 0::2, 0::2], inputs[:, 1::2, 0::2], inputs[:, 0::2, 1::2],
+                  inputs[:, 1::2, 1::2]]  # 4 x (B, H/2, W/2, C)
+        return self.reduction(self.norm(ops.concatenate(groups, axis=-1)))  # (B, H/2, W/2, ·)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[1] // 2, input_shape[2] // 2,
+                self.output_dim or 2 * input_shape[3])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"output_dim": self.output_dim, "epsilon": self.epsilon})
+        return config
