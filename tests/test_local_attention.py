@@ -172,3 +172,56 @@ def test_bad_arguments(kwargs, name):
 def test_unaligned_keys_are_refused():
     with pytest.raises(ValueError, match="as many keys as queries"):
         local_dot_product_attention(rand(1, 1, 4, 2), rand(1, 1, 5, 2), rand(1, 1, 5, 2), 1)
+
+
+# ---- inside the Transformer ----------------------------------------------------------------
+
+
+def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks():
+    """`attention_window=w` in a block equals the full block given the band mask |i-j| <= w."""
+    from keras_attn.layers import TransformerDecoderBlock, TransformerEncoderBlock
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 9, 8)).astype("float32")
+    memory = rng.standard_normal((2, 5, 8)).astype("float32")
+    padding = np.arange(9)[None] < np.array([[9], [6]])  # (B, T)
+    i, j = np.arange(9)[:, None], np.arange(9)[None]
+    band = np.abs(i - j) <= 2
+
+    local = TransformerEncoderBlock(2, 16, attention_window=2)
+    full = TransformerEncoderBlock(2, 16)
+    local.build(x.shape), full.build(x.shape)
+    full.set_weights(local.get_weights())
+    assert local.get_config()["attention_window"] == 2
+    out = local(x, padding_mask=padding)
+    ref = full(x, padding_mask=padding, attention_mask=np.broadcast_to(band, (2, 9, 9)))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
+
+    # Decoder: position t sees only t-2..t, so changing x[:, 0] leaves positions >= 3 as they
+    # were (with full causal attention it would change every position).
+    local = TransformerDecoderBlock(2, 16, attention_window=2)
+    full = TransformerDecoderBlock(2, 16)
+    local.build(x.shape, memory.shape), full.build(x.shape, memory.shape)
+    full.set_weights(local.get_weights())
+    changed = x.copy()
+    changed[:, 0] += 1.0
+    for block, unchanged_from in ((local, 3), (full, 9)):
+        before, after = np.asarray(block(x, memory)), np.asarray(block(changed, memory))
+        np.testing.assert_allclose(after[:, unchanged_from:], before[:, unchanged_from:],
+                                   atol=1e-6)
+        assert not np.allclose(after[:, :unchanged_from], before[:, :unchanged_from],
+                               atol=1e-4)
+
+
+def test_windowed_transformer_cached_decoding_equals_full_pass():
+    from keras_attn import decoding
+    from keras_attn.models import transformer_seq2seq
+
+    model = transformer_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=32,
+                                dropout=0.0, attention_window=2)
+    source = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
+    tokens = np.asarray(decoding.greedy_search(model, source, 6, eos_id=99))
+    prefix = np.concatenate([np.full((2, 1), 2, "int32"), tokens[:, :-1]], 1)
+    logits = np.array(model([source, prefix]))
+    logits[..., [0, 2]] = -np.inf  # never emitted by the search
+    np.testing.assert_array_equal(tokens, logits.argmax(-1))

@@ -17,6 +17,7 @@ from keras import ops
 from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.ffn import FFN
+from keras_attn.layers.local_attention import LocalMultiHead
 from keras_attn.layers.multi_head import MultiHead
 from keras_attn.layers.position_encoding import SinusoidalPositionEncoding
 
@@ -72,11 +73,14 @@ class _TransformerBlock(keras.layers.Layer):
         epsilon: float = 1e-5,
         kernel_initializer="glorot_uniform",
         seed: int | None = None,
+        attention_window: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
         check_positive_int("ffn_dim", ffn_dim)
+        check_positive_int("attention_window", attention_window, allow_none=True)
+        self.attention_window = attention_window
         check_rate("dropout", dropout)
         _check_bool("norm_first", norm_first)
         self.num_heads = num_heads
@@ -94,17 +98,21 @@ class _TransformerBlock(keras.layers.Layer):
         self.seed = seed
         self.supports_masking = True
 
-    def _attention(self, embed_dim: int, name: str) -> MultiHead:
-        return MultiHead(
-            num_heads=self.num_heads,
-            key_dim=_head_dim(embed_dim, self.num_heads),
-            output_dim=embed_dim,
-            dropout=self.dropout,
-            kernel_initializer=self.kernel_initializer,
-            seed=self.seed,
-            name=name,
-            dtype=self.dtype_policy,
-        )
+    def _attention(self, embed_dim: int, name: str, window: int | None = None) -> MultiHead:
+        """Full multi-head attention, or sliding-window attention over `window` neighbours."""
+        kwargs = {
+            "num_heads": self.num_heads,
+            "key_dim": _head_dim(embed_dim, self.num_heads),
+            "output_dim": embed_dim,
+            "dropout": self.dropout,
+            "kernel_initializer": self.kernel_initializer,
+            "seed": self.seed,
+            "name": name,
+            "dtype": self.dtype_policy,
+        }
+        if window is not None:
+            return LocalMultiHead(window=window, **kwargs)
+        return MultiHead(**kwargs)
 
     def _ffn(self, embed_dim: int, input_shape) -> FFN:
         ffn = FFN(
@@ -171,6 +179,7 @@ class _TransformerBlock(keras.layers.Layer):
                 "epsilon": self.epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "seed": self.seed,
+                "attention_window": self.attention_window,
             }
         )
         return config
@@ -195,6 +204,9 @@ class TransformerEncoderBlock(_TransformerBlock):
         epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
         kernel_initializer: initializer of every dense kernel. Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropouts. Defaults to `None`.
+        attention_window: optional int: self-attention sees only keys within this distance
+            (sliding-window `LocalMultiHead`, O(S·window) instead of O(S²)). Defaults to
+            `None` (full attention).
 
     Call arguments:
         inputs: `(B, S, embed_dim)`.
@@ -220,7 +232,8 @@ class TransformerEncoderBlock(_TransformerBlock):
     def build(self, inputs_shape):
         _check_embedded_shape("inputs", inputs_shape)
         embed_dim = inputs_shape[-1]
-        self.self_attention = self._attention(embed_dim, "self_attention")
+        self.self_attention = self._attention(embed_dim, "self_attention",
+                                              self.attention_window)
         self.self_attention.build(inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
         self.ffn = self._ffn(embed_dim, inputs_shape)
@@ -266,6 +279,9 @@ class TransformerDecoderBlock(_TransformerBlock):
         epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
         kernel_initializer: initializer of every dense kernel. Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropouts. Defaults to `None`.
+        attention_window: optional int: causal self-attention sees only the last
+            `attention_window` positions (sliding-window `LocalMultiHead`); cross-attention
+            stays full. Defaults to `None` (full attention).
 
     Call arguments:
         inputs: `(B, T, embed_dim)`, the embedded target.
@@ -301,7 +317,8 @@ class TransformerDecoderBlock(_TransformerBlock):
         encoder_outputs_shape = encoder_outputs_shape or inputs_shape
         _check_embedded_shape("encoder_outputs", encoder_outputs_shape)
         embed_dim = inputs_shape[-1]
-        self.self_attention = self._attention(embed_dim, "self_attention")
+        self.self_attention = self._attention(embed_dim, "self_attention",
+                                              self.attention_window)
         self.self_attention.build(inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
         self.cross_attention = self._attention(embed_dim, "cross_attention")
@@ -420,9 +437,12 @@ class _TransformerStack(keras.layers.Layer):
         activation="relu",
         kernel_initializer="glorot_uniform",
         seed: int | None = None,
+        attention_window: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        check_positive_int("attention_window", attention_window, allow_none=True)
+        self.attention_window = attention_window
         for name, value in (
             ("vocab_size", vocab_size),
             ("num_layers", num_layers),
@@ -461,6 +481,7 @@ class _TransformerStack(keras.layers.Layer):
             "activation": self.activation,
             "kernel_initializer": self.kernel_initializer,
             "seed": self.seed,
+            "attention_window": self.attention_window,
             "dtype": self.dtype_policy,
         }
 
@@ -505,6 +526,7 @@ class _TransformerStack(keras.layers.Layer):
                 "activation": keras.activations.serialize(self.activation),
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "seed": self.seed,
+                "attention_window": self.attention_window,
             }
         )
         return config
@@ -530,6 +552,8 @@ class TransformerEncoder(_TransformerStack):
         activation: FFN activation. Defaults to `"relu"`.
         kernel_initializer: initializer of the block kernels. Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropouts. Defaults to `None`.
+        attention_window: optional int, sliding-window self-attention in every block
+            (see `TransformerEncoderBlock`). Defaults to `None` (full attention).
 
     Call arguments:
         inputs: integer token ids `(B, S)`, 0 = padding.
@@ -595,6 +619,8 @@ class TransformerDecoder(_TransformerStack):
         activation: FFN activation. Defaults to `"relu"`.
         kernel_initializer: initializer of the block kernels. Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropouts. Defaults to `None`.
+        attention_window: optional int, sliding-window self-attention in every block
+            (see `TransformerEncoderBlock`). Defaults to `None` (full attention).
 
     Call arguments:
         inputs: integer target ids `(B, T)`, starting with `<bos>`; 0 = padding.

@@ -16,6 +16,7 @@ def transformer_seq2seq(
     ffn_dim: int = 512,
     dropout: float = 0.1,
     norm_first: bool = False,
+    attention_window: int | None = None,
     name: str = "transformer_seq2seq",
 ) -> keras.Model:
     """A Transformer encoder-decoder as a functional `keras.Model`.
@@ -35,6 +36,9 @@ def transformer_seq2seq(
         ffn_dim: int, hidden size of the feed-forward networks. Defaults to `512`.
         dropout: float in [0, 1), dropout everywhere the paper puts it. Defaults to `0.1`.
         norm_first: bool, pre-LN blocks instead of post-LN. Defaults to `False`.
+        attention_window: optional int, sliding-window self-attention (each token sees the
+            tokens within this distance; causal in the decoder) instead of full
+            self-attention. Defaults to `None`.
         name: str, the model name. Defaults to `"transformer_seq2seq"`.
 
     Returns:
@@ -57,6 +61,7 @@ def transformer_seq2seq(
         "ffn_dim": ffn_dim,
         "dropout": dropout,
         "norm_first": norm_first,
+        "attention_window": attention_window,
     }
     encoder = TransformerEncoder(source_vocab_size, **stack_kwargs, name="encoder")
     decoder = TransformerDecoder(target_vocab_size, **stack_kwargs, name="decoder")
