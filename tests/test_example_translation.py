@@ -41,11 +41,32 @@ def check_outputs(out, export):
     return metrics
 
 
-@pytest.mark.parametrize("script", ["transformer_translation.py", "bahdanau_translation.py"])
-def test_translation_example_smoke(script, tmp_path):
-    result, out, export = run_example(script, tmp_path, *SMOKE)
+SUBJECTS = [("i am", "je suis"), ("you are", "tu es"), ("he is", "il est"),
+            ("we are", "nous sommes"), ("they are", "ils sont"), ("she is", "elle est")]
+ADJECTIVES = [("tall", "grand"), ("cold", "froid"), ("happy", "heureux"), ("tired", "fatigué"),
+              ("late", "en retard"), ("ready", "prêt"), ("sick", "malade"), ("busy", "occupé")]
+
+
+def write_pairs_file(path):
+    """A small English–French export in the Tatoeba/Anki format, with some malformed lines."""
+    lines = []
+    for (en_s, fr_s) in SUBJECTS:
+        for (en_a, fr_a) in ADJECTIVES:
+            lines.append(f"{en_s.capitalize()} {en_a}.\t{fr_s.capitalize()} {fr_a}.\tCC-BY 2.0")
+            lines.append(f"{en_s.capitalize()} not {en_a}!\t{fr_s.capitalize()} pas {fr_a}\u202f!")
+    lines += ["no tab on this line", "\tempty English side", ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("script,data", [("transformer_translation.py", "dates"),
+                                         ("bahdanau_translation.py", "pairs")])
+def test_translation_example_smoke(script, data, tmp_path):
+    extra = ["--data", str(write_pairs_file(tmp_path / "fra.txt"))] if data == "pairs" else []
+    result, out, export = run_example(script, tmp_path, *SMOKE, *extra)
     metrics = check_outputs(out, export)
-    assert metrics["epochs_run"] == 1 and metrics["task"] == "dates"
+    assert metrics["epochs_run"] == 1
+    assert metrics["task"] == ("dates" if data == "dates" else "tatoeba")
     assert "test exact match" in result.stdout
 
 
