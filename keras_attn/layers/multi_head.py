@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn import ops as attn_ops
+from keras_attn.chunked import fused_dot_product_attention
 from keras_attn.layers.base import BaseAttention, check_positive_int
 
 
@@ -44,6 +45,13 @@ class MultiHead(BaseAttention):
             `"glorot_uniform"`.
         bias_initializer: initializer of the projection biases. Defaults to `"zeros"`.
         seed: optional int seed for the dropout. Defaults to `None`.
+        implementation: `"dense"` or `"chunked"`: exact attention blockwise over keys with an
+            online softmax (`keras_attn.chunked`), memory `T · chunk_size` instead of `T · S`,
+            same outputs and gradients. `valid_lens` and `use_causal_mask` are then built per
+            block, never as `(T, S)`; it supports neither `dropout > 0` nor
+            `return_attention_scores=True`. Defaults to `"dense"`.
+        chunk_size: optional int, keys per block for `implementation="chunked"`; `None`
+            sizes blocks to 2**24 scores per head (1024 keys at T = 16k). Defaults to `None`.
 
     Call arguments:
         query: `(B, T, dq)`.
@@ -89,10 +97,26 @@ class MultiHead(BaseAttention):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed: int | None = None,
+        implementation: str = "dense",
+        chunk_size: int | None = None,
         **kwargs,
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
         check_positive_int("num_heads", num_heads)
+        check_positive_int("chunk_size", chunk_size, allow_none=True)
+        if implementation not in ("dense", "chunked"):
+            raise ValueError(
+                "Received an invalid value for argument `implementation`, expected \"dense\" "
+                f"or \"chunked\". Received: implementation={implementation!r}"
+            )
+        if implementation == "chunked" and dropout > 0:
+            raise ValueError(
+                "Argument `implementation=\"chunked\"` does not support dropout on the "
+                "attention weights; use implementation=\"dense\" or dropout=0. Received: "
+                f"implementation={implementation!r}, dropout={dropout!r}"
+            )
+        self.implementation = implementation
+        self.chunk_size = chunk_size
         check_positive_int("key_dim", key_dim)
         check_positive_int("value_dim", value_dim, allow_none=True)
         check_positive_int("output_dim", output_dim, allow_none=True)
@@ -190,11 +214,28 @@ class MultiHead(BaseAttention):
         cache=None,
         cache_update_index=None,
     ):
-        if cache is None:
-            return super().call(
-                query, key, value, valid_lens, attention_mask, use_causal_mask,
-                return_attention_scores, training, query_mask, key_mask, value_mask,
+        if self.implementation == "chunked" and return_attention_scores:
+            raise ValueError(
+                "Argument `return_attention_scores=True` needs the (B, H, T, S) weights, which "
+                "`implementation=\"chunked\"` never forms; use implementation=\"dense\". "
+                "Received: return_attention_scores=True"
             )
+        if cache is None:
+            # The chunked path takes valid_lens and the causal mask unmerged and builds them per
+            # block, never as (T, S); appended bias/zero keys need the merged mask.
+            structured = self.implementation == "chunked" and not (
+                self.add_bias_kv or self.add_zero_attn
+            )
+            key, value, mask = self.prepare(
+                query, key, value, None if structured else valid_lens, attention_mask,
+                use_causal_mask and not structured, query_mask, key_mask, value_mask,
+            )
+            outputs, weights = self.attend(
+                query, key, value, mask, training, need_weights=return_attention_scores,
+                valid_lens=valid_lens if structured else None,
+                use_causal_mask=structured and use_causal_mask,
+            )
+            return (outputs, weights) if return_attention_scores else outputs
         if self.add_bias_kv or self.add_zero_attn:
             raise ValueError(
                 "Argument `cache` cannot be combined with `add_bias_kv=True` or "
@@ -220,12 +261,14 @@ class MultiHead(BaseAttention):
             causal_offset=0 if cache_update_index is None else cache_update_index,
         )
         q = self.split_heads(self.query_dense(query), self.key_dim)  # (B, H, T, dk)
-        outputs, weights = self._heads_attention(q, key_cache, value_cache, mask, training)
+        outputs, weights = self._heads_attention(q, key_cache, value_cache, mask, training,
+                                                 need_weights=return_attention_scores)
         if return_attention_scores:
             return outputs, (key_cache, value_cache), weights
         return outputs, (key_cache, value_cache)
 
-    def attend(self, query, key, value, mask, training):
+    def attend(self, query, key, value, mask, training, need_weights=True, valid_lens=None,
+               use_causal_mask=False):
         q = self.split_heads(self.query_dense(query), self.key_dim)  # (B, H, T, dk)
         k = self.split_heads(self.key_dense(key), self.key_dim)  # (B, H, S, dk)
         v = self.split_heads(self.value_dense(value), self.value_dim)  # (B, H, S, dv)
@@ -237,11 +280,22 @@ class MultiHead(BaseAttention):
             k = self._append_key(k, ops.zeros((1, 1, 1, self.key_dim), k.dtype))
             v = self._append_key(v, ops.zeros((1, 1, 1, self.value_dim), v.dtype))
             mask = self._append_mask(mask)
-        return self._heads_attention(q, k, v, mask, training)
+        return self._heads_attention(q, k, v, mask, training, need_weights, valid_lens,
+                                     use_causal_mask)
 
-    def _heads_attention(self, q, k, v, mask, training):
+    def _heads_attention(self, q, k, v, mask, training, need_weights=True, valid_lens=None,
+                         use_causal_mask=False):
         if mask is not None:
             mask = ops.expand_dims(mask, 1)  # (B, 1, T, S): shared by every head
+        if self.implementation == "dense" and not need_weights and not (
+            training and self.dropout > 0
+        ):
+            # The same dense attention with a fused backward (dS = P (dP - rowsum(dO O)), no
+            # softmax Jacobian): fewer passes over (B, H, T, S), about 10-20% faster overall.
+            context = fused_dot_product_attention(
+                q, k, v, mask=mask, valid_lens=valid_lens, causal=use_causal_mask
+            )  # (B, H, T, dv)
+            return self.output_dense(self.merge_heads(context)), None
         context, weights = attn_ops.dot_product_attention(
             q,
             k,
@@ -250,7 +304,11 @@ class MultiHead(BaseAttention):
             dropout_rate=self.dropout,
             training=bool(training),
             seed=self.seed_generator,
-        )  # (B, H, T, dv), (B, H, T, S)
+            implementation=self.implementation,
+            chunk_size=self.chunk_size,
+            valid_lens=valid_lens,
+            use_causal_mask=use_causal_mask,
+        )  # (B, H, T, dv), (B, H, T, S) or None when chunked
         return self.output_dense(self.merge_heads(context)), weights
 
     @staticmethod
@@ -283,6 +341,8 @@ class MultiHead(BaseAttention):
                 "add_zero_attn": self.add_zero_attn,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "implementation": self.implementation,
+                "chunk_size": self.chunk_size,
             }
         )
         return config

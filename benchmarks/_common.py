@@ -1,0 +1,104 @@
+"""What the benchmarks share: quiet TensorFlow, a run header, side-by-side timing, the GEMM rate.
+
+The machines these run on are shared and noisy, so nothing here reports a lone absolute time:
+every contender runs in the same process, in alternating rounds (the order rotates each round,
+so a slow phase of the machine hits all of them alike), and the benchmarks report medians and
+ratios of medians. The float32 GEMM rate is measured in the same rounds, as the ceiling.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def header(title: str) -> None:
+    """Print what the numbers below depend on: date, machine, versions, load."""
+    import keras
+    import tensorflow as tf
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
+    print(f"# {title}")
+    print(f"date: {datetime.datetime.now().isoformat(timespec='seconds')}  "
+          f"cpu: {cpu_model()} x {os.cpu_count()}  load avg: "
+          + " ".join(f"{x:.2f}" if isinstance(x, float) else x for x in load))
+    print(f"tensorflow {tf.__version__}  keras {keras.__version__}  "
+          f"python {platform.python_version()}")
+
+
+def sync(result) -> None:
+    """Wait for a result (a tensor or a nested list of tensors) by reading one number back."""
+    while isinstance(result, (list, tuple)):
+        result = result[0]
+    if hasattr(result, "numpy"):
+        result.numpy()
+
+
+def time_alternating(fns: dict[str, Callable[[], object]], rounds: int,
+                     warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of every function, measured in alternating rounds.
+
+    Each function is called `warmup` times first (tracing, compilation). Then `rounds` rounds
+    call every function once each, the order rotated by one every round.
+
+    Returns:
+        `{name: [seconds, ...]}` with `rounds` timings per function.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            sync(fn())
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            sync(fns[name]())
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def gemm(n: int = 2048, dtype: str = "float32"):
+    """A plain `(n, n) @ (n, n)` matmul under tf.function: `(call, flops)`."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.normal((n, n)), dtype)
+    b = tf.cast(tf.random.normal((n, n)), dtype)
+    matmul = tf.function(lambda: tf.matmul(a, b))
+    return matmul, 2.0 * n**3
+
+
+def rss_bytes(pid: int | str = "self", field: str = "VmRSS") -> int:
+    """Resident memory of a process from /proc (VmRSS now, VmHWM peak); 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+GIB = 1024.0**3

@@ -1,0 +1,127 @@
+"""MultiHead against keras.layers.MultiHeadAttention: forward + backward time, side by side.
+
+Both layers hold the same weights (`MultiHead.from_keras`), see the same float32 input and are
+differentiated with respect to the input and every weight, under `tf.function` ("graph") and
+with XLA (`jit_compile=True`). In each round every contender runs once (order rotated), with a
+plain float32 GEMM as the machine's ceiling; the table gives medians over the rounds, the ratio
+MultiHead / Keras of the medians, and the achieved GFLOP/s (matmul FLOPs of forward + backward,
+3x the forward's) as a share of the GEMM rate measured in the same rounds.
+
+    python benchmarks/attention_speed.py
+    python benchmarks/attention_speed.py --shapes 32x128x256x8 --modes graph --rounds 41
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from _common import gemm, header, median, time_alternating
+
+DEFAULT_SHAPES = ("32x128x256x8", "4x1024x256x8")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES),
+                        help="BxTxDxH: batch, length, model size, heads (self-attention)")
+    parser.add_argument("--modes", nargs="+", default=["graph", "xla"], choices=["graph", "xla"])
+    parser.add_argument("--rounds", type=int, default=21, help="timed rounds per shape and mode")
+    parser.add_argument("--chunked", action="store_true",
+                        help="also time MultiHead(implementation='chunked')")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="keys per block for --chunked (default: the layer's, sized by T)")
+    parser.add_argument("--gemm-size", type=int, default=2048, help="n of the n x n GEMM")
+    return parser.parse_args(argv)
+
+
+def attention_flops(batch: int, length: int, dim: int, heads: int) -> float:
+    """Matmul FLOPs of forward + backward for self-attention with H * head_dim = dim.
+
+    Forward: four (B·T, D) x (D, D) projections and two (T, d) x (d, T) products per head;
+    backward: two products of the same size per forward product (input and weight gradients).
+    """
+    projections = 4 * 2.0 * batch * length * dim * dim
+    attention = 2 * 2.0 * batch * length * length * dim  # scores and context, all heads
+    return 3.0 * (projections + attention)
+
+
+def make_step(layer, x, jit_compile: bool, keras_layer: bool):
+    import tensorflow as tf
+
+    @tf.function(jit_compile=jit_compile)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, x) if keras_layer else layer(x)
+            loss = tf.reduce_sum(y * y)
+        return tape.gradient(loss, [x] + layer.trainable_variables)
+
+    return lambda: step(x)
+
+
+def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int,
+              gemm_size: int) -> list[str]:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_attn.layers import MultiHead
+
+    batch, length, dim, heads = (int(v) for v in spec.lower().split("x"))
+    if dim % heads:
+        raise ValueError(f"Argument `--shapes`: heads must divide dim. Received: {spec}")
+    x = tf.random.normal((batch, length, dim))
+    reference = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)
+    reference(x, x)  # build
+    contenders = {"keras": reference, "MultiHead": MultiHead.from_keras(reference)}
+    if with_chunked:
+        contenders["chunked"] = MultiHead.from_keras(reference, implementation="chunked",
+                                                   chunk_size=chunk_size)
+    want = reference(x, x).numpy()
+    for name, layer in contenders.items():
+        if name != "keras":
+            err = float(np.max(np.abs(layer(x).numpy() - want)))
+            assert err < 1e-4, f"{name} differs from Keras by {err}"
+    matmul, gemm_flops = gemm(gemm_size)
+    flops = attention_flops(batch, length, dim, heads)
+    rows = []
+    for mode in modes:
+        fns = {name: make_step(layer, x, mode == "xla", name == "keras")
+               for name, layer in contenders.items()}
+        fns["gemm"] = matmul
+        times = time_alternating(fns, rounds)
+        med = {name: median(t) for name, t in times.items()}
+        gemm_rate = gemm_flops / med["gemm"] / 1e9
+        cells = [f"B{batch} T{length} d{dim} h{heads}", mode, f"{gemm_rate:.0f}"]
+        for name in contenders:
+            rate = flops / med[name] / 1e9
+            cells += [f"{med[name] * 1e3:.1f}", f"{rate:.0f} ({100 * rate / gemm_rate:.0f}%)"]
+        cells.append(f"**{med['MultiHead'] / med['keras']:.2f}**")
+        if with_chunked:
+            cells.append(f"{med['chunked'] / med['keras']:.2f}")
+        rows.append("| " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    header("MultiHead vs keras.layers.MultiHeadAttention, forward + backward (float32)")
+    print(f"rounds: {args.rounds} per shape and mode (medians); GEMM: {args.gemm_size}^3 "
+          "float32 under tf.function, timed in the same rounds"
+          + (f"; chunked: chunk_size={args.chunk_size}" if args.chunked else ""))
+    names = ["keras", "MultiHead"] + (["chunked"] if args.chunked else [])
+    columns = ["shape", "mode", "GEMM GFLOP/s"]
+    for name in names:
+        columns += [f"{name} ms", f"{name} GFLOP/s (% GEMM)"]
+    columns.append("MultiHead / keras")
+    if args.chunked:
+        columns.append("chunked / keras")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for spec in args.shapes:
+        run_shape(spec, args.modes, args.rounds, args.chunked, args.chunk_size, args.gemm_size)
+
+
+if __name__ == "__main__":
+    main()

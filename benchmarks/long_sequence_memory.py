@@ -1,0 +1,161 @@
+"""Peak memory and time of attention forward + backward at long sequence lengths.
+
+One self-attention layer at batch 1, 1 head, head size 64 (float32), differentiated with respect
+to its input and weights under `tf.function`, for T = 4k ... 64k:
+
+- dense:   `MultiHead(1, 64)`, the (T, T) weights in memory;
+- chunked: `MultiHead(1, 64, implementation="chunked")`, blockwise over keys, O(T) memory;
+- keras:   `keras.layers.MultiHeadAttention(1, 64)`.
+
+Every (implementation, length) runs in its own subprocess, so the peak resident set size
+(VmHWM, as `resource.getrusage` reports it) is that run's alone; the baseline is the RSS after
+building the layer, before the first call. The parent polls each child's RSS and kills it past
+`--max-rss-gib`, and kills it past `--time-limit` seconds; a length whose (T, T) float32
+matrices would not fit (estimated) is skipped and recorded, not run.
+
+    python benchmarks/long_sequence_memory.py
+    python benchmarks/long_sequence_memory.py --lengths 4096 16384 --impls dense chunked
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from _common import GIB, header, median, rss_bytes
+
+IMPLS = ("dense", "chunked", "keras")
+# Peak bytes above the baseline of forward + backward per (T, T) entry, as measured here at
+# T = 16k (keras.layers.MultiHeadAttention 16.7, MultiHead dense 12-13): used only to skip the
+# runs that cannot fit under --max-rss-gib.
+DENSE_BYTES_PER_ENTRY = 17.0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+",
+                        default=[4096, 8192, 16384, 32768, 65536])
+    parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    parser.add_argument("--dim", type=int, default=64, help="model size = head size")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="chunked: keys per block (default: the layer's, sized by T)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up")
+    parser.add_argument("--max-rss-gib", type=float, default=12.0,
+                        help="kill a child whose RSS exceeds this (the machine is shared)")
+    parser.add_argument("--time-limit", type=float, default=900.0, help="seconds per child")
+    parser.add_argument("--worker", nargs=2, metavar=("IMPL", "LENGTH"), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def worker(impl: str, length: int, args) -> None:
+    """Child process: build, run forward + backward, print one JSON line."""
+    import keras
+    import tensorflow as tf
+
+    from keras_attn.layers import MultiHead
+
+    x = tf.random.normal((1, length, args.dim))
+    if impl == "keras":
+        layer = keras.layers.MultiHeadAttention(num_heads=1, key_dim=args.dim)
+        layer.build((1, length, args.dim), (1, length, args.dim))
+    else:
+        layer = MultiHead(num_heads=1, key_dim=args.dim, implementation=impl,
+                          chunk_size=args.chunk_size)
+        layer.build((1, length, args.dim))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, x) if impl == "keras" else layer(x)
+            loss = tf.reduce_sum(y * y)
+        return tape.gradient(loss, [x] + layer.trainable_variables)
+
+    baseline = rss_bytes()
+    start = time.perf_counter()
+    step(x)[0].numpy()  # trace + first run
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        step(x)[0].numpy()
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"peak": rss_bytes(field="VmHWM"), "baseline": baseline,
+                      "first": first, "median": median(times) if times else first}), flush=True)
+
+
+def run_child(impl: str, length: int, args) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, str(length),
+           "--dim", str(args.dim), "--repeats", str(args.repeats)]
+    if args.chunk_size is not None:
+        cmd += ["--chunk-size", str(args.chunk_size)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    start, polled_peak, killed = time.monotonic(), 0, None
+    while proc.poll() is None:
+        polled_peak = max(polled_peak, rss_bytes(proc.pid))
+        if polled_peak > args.max_rss_gib * GIB:
+            killed = f"killed: RSS > {args.max_rss_gib:g} GiB"
+        elif time.monotonic() - start > args.time_limit:
+            killed = f"killed: > {args.time_limit:g} s"
+        if killed:
+            proc.kill()
+            proc.wait()
+            return {"status": killed, "peak": polled_peak}
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (err.strip().splitlines() or ["no output"])[-1][:120]
+        return {"status": f"failed (exit {proc.returncode}): {tail}", "peak": polled_peak}
+    result = json.loads(lines[-1])
+    result["status"] = "ok"
+    return result
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args.worker[0], int(args.worker[1]), args)
+        return
+    header(f"Attention forward + backward at long lengths: B1 h1 d{args.dim}, float32")
+    print(f"one subprocess per cell; peak RSS = VmHWM of the child; time = median of "
+          f"{args.repeats} runs after a warm-up; chunk_size="
+          f"{args.chunk_size or 'the default (auto_chunk_size(T))'}; children killed "
+          f"past {args.max_rss_gib:g} GiB RSS or {args.time_limit:g} s")
+    print("| T | implementation | peak RSS GiB | baseline RSS GiB | peak - baseline GiB | "
+          "time s | time / dense |")
+    print("|---|---|---|---|---|---|---|")
+    from keras_attn.chunked import auto_chunk_size
+    for length in args.lengths:
+        dense_time = None
+        for impl in args.impls:
+            estimate = DENSE_BYTES_PER_ENTRY * float(length) ** 2
+            if impl != "chunked" and estimate > args.max_rss_gib * GIB:
+                print(f"| {length} | {impl} | skipped: about {estimate / GIB:.0f} GiB of (T, T) "
+                      f"matrices > {args.max_rss_gib:g} GiB | | | | |", flush=True)
+                continue
+            result = run_child(impl, length, args)
+            if result["status"] != "ok":
+                print(f"| {length} | {impl} | {result['status']} (polled peak "
+                      f"{result['peak'] / GIB:.2f}) | | | | |", flush=True)
+                continue
+            if impl == "dense":
+                dense_time = result["median"]
+            name = impl
+            if impl == "chunked":
+                name += f" (chunk {args.chunk_size or auto_chunk_size(length)})"
+            ratio = f"{result['median'] / dense_time:.2f}" if dense_time else "-"
+            print(f"| {length} | {name} | {result['peak'] / GIB:.2f} | "
+                  f"{result['baseline'] / GIB:.2f} | "
+                  f"{(result['peak'] - result['baseline']) / GIB:.2f} | "
+                  f"{result['median']:.2f} | {ratio} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,366 @@
+"""Memory-efficient (chunked) attention equals dense attention: values and gradients.
+
+References are NumPy, written from the formulas: outputs softmax(Q Kᵀ/√d) V with masked entries
+at zero weight, and the gradients of <outputs, G> for a fixed G:
+dV = Pᵀ G, dP = G Vᵀ, dS = P ⊙ (dP - rowsum(dP ⊙ P)), dQ = dS K / √d, dK = dSᵀ Q / √d.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from layer_test_utils import run_layer_test
+
+import keras_attn as ka
+from keras_attn import ops as attn_ops
+from keras_attn.chunked import (
+    auto_chunk_size,
+    chunked_dot_product_attention,
+    fused_dot_product_attention,
+)
+
+
+def to_np(x):
+    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+
+
+def np_structured_mask(batch, query_len, key_len, valid_lens=None, causal=False, offset=0,
+                       mask=None):
+    """(B, T, S) boolean mask from the three ways in, written out directly."""
+    allowed = np.ones((batch, query_len, key_len), bool)
+    cols = np.arange(key_len)
+    if valid_lens is not None:
+        lens = np.asarray(valid_lens)
+        lens = lens[:, None] if lens.ndim == 1 else lens  # (B, 1) or (B, T)
+        allowed &= cols[None, None, :] < lens[:, :, None]
+    if causal:
+        allowed &= cols[None, None, :] <= np.arange(query_len)[None, :, None] + offset
+    if mask is not None:
+        allowed &= np.broadcast_to(mask, allowed.shape)
+    return allowed
+
+
+def np_attention_and_grads(q, k, v, allowed, g):
+    """Outputs and d<outputs, g>/d(q, k, v) in float64; `allowed` broadcasts to (..., T, S)."""
+    q, k, v, g = (x.astype(np.float64) for x in (q, k, v, g))
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    scores = np.where(allowed, q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
+    row_max = np.max(scores, axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    e = np.where(allowed, np.exp(scores - row_max), 0.0)
+    total = e.sum(-1, keepdims=True)
+    p = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)  # (..., T, S)
+    out = p @ v
+    dv = np.swapaxes(p, -1, -2) @ g
+    dp = g @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    dq = ds @ k * scale
+    dk = np.swapaxes(ds, -1, -2) @ q * scale
+    return out, (dq, dk, dv)
+
+
+def chunked_with_grads(q, k, v, g, fn=chunked_dot_product_attention, **kwargs):
+    q, k, v = (tf.constant(x) for x in (q, k, v))
+    with tf.GradientTape() as tape:
+        tape.watch([q, k, v])
+        out = fn(q, k, v, **kwargs)
+        loss = tf.reduce_sum(tf.cast(out, "float32") * g)
+    return to_np(out), [to_np(x) for x in tape.gradient(loss, [q, k, v])]
+
+
+def check_against_numpy(out, grads, ref_out, ref_grads, atol=1e-4):
+    np.testing.assert_allclose(out, ref_out, atol=atol)
+    for name, got, want in zip("qkv", grads, ref_grads):
+        assert np.all(np.isfinite(got)), f"non-finite d{name}"
+        np.testing.assert_allclose(got, want, atol=atol, err_msg=f"d{name}")
+
+
+@st.composite
+def attention_problems(draw):
+    batch, heads = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    query_len, key_len = draw(st.integers(1, 9)), draw(st.integers(1, 11))
+    depth, value_depth = draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    seed = draw(st.integers(0, 2**16))
+    kind = draw(st.sampled_from(["none", "lens", "lens2d", "causal", "dense", "all"]))
+    chunk = draw(st.integers(1, 6))
+    query_chunk = draw(st.one_of(st.none(), st.integers(1, 5)))
+    return batch, heads, query_len, key_len, depth, value_depth, seed, kind, chunk, query_chunk
+
+
+@settings(max_examples=30, deadline=None)
+@given(attention_problems())
+def test_chunked_equals_numpy_reference_values_and_gradients(problem):
+    batch, heads, query_len, key_len, depth, value_depth, seed, kind, chunk, q_chunk = problem
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(batch, heads, query_len, depth)).astype("float32")
+    k = rng.normal(size=(batch, heads, key_len, depth)).astype("float32")
+    v = rng.normal(size=(batch, heads, key_len, value_depth)).astype("float32")
+    g = rng.normal(size=(batch, heads, query_len, value_depth)).astype("float32")
+    kwargs = {}
+    if kind in ("lens", "all"):
+        kwargs["valid_lens"] = rng.integers(0, key_len + 1, size=(batch,))
+    if kind == "lens2d":
+        kwargs["valid_lens"] = rng.integers(0, key_len + 1, size=(batch, query_len))
+    if kind in ("causal", "all"):
+        kwargs["causal"] = True
+        kwargs["causal_offset"] = int(rng.integers(-2, 3))
+    if kind in ("dense", "all"):
+        kwargs["mask"] = rng.random((batch, query_len, key_len)) < 0.6  # (B, T, S)
+    allowed = np_structured_mask(batch, query_len, key_len, kwargs.get("valid_lens"),
+                                 kwargs.get("causal", False), kwargs.get("causal_offset", 0),
+                                 kwargs.get("mask"))[:, None]  # (B, 1, T, S)
+    ref_out, ref_grads = np_attention_and_grads(q, k, v, allowed, g)
+    out, grads = chunked_with_grads(q, k, v, g, chunk_size=chunk, query_chunk_size=q_chunk,
+                                    **kwargs)
+    check_against_numpy(out, grads, ref_out, ref_grads)
+    # The one-block form (weights kept, fused backward) on the same problem.
+    out, grads = chunked_with_grads(q, k, v, g, fn=fused_dot_product_attention, **kwargs)
+    check_against_numpy(out, grads, ref_out, ref_grads)
+
+
+def test_auto_chunk_size_keeps_blocks_within_budget():
+    assert [auto_chunk_size(t) for t in (1024, 4096, 16384, 32768, 65536, 10**6)] == [
+        16384, 4096, 1024, 512, 256, 128]
+    assert auto_chunk_size(None) == 512
+
+
+@pytest.mark.parametrize("query_chunk", [None, 3])
+def test_fully_masked_rows_are_zero_with_zero_gradient(query_chunk):
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 7, 4)).astype("float32") for _ in range(3))
+    g = rng.normal(size=(2, 7, 4)).astype("float32")
+    lens = np.array([0, 3])  # sequence 0 has no keys at all
+    mask = np.ones((2, 7, 7), bool)
+    mask[1, 5] = False  # one fully masked query row in sequence 1
+    out, (dq, dk, dv) = chunked_with_grads(q, k, v, g, valid_lens=lens, mask=mask, chunk_size=2,
+                                           query_chunk_size=query_chunk)
+    assert np.all(out[0] == 0.0) and np.all(out[1, 5] == 0.0)
+    assert np.all(dq[0] == 0.0) and np.all(dk[0] == 0.0) and np.all(dv[0] == 0.0)
+    assert np.all(dq[1, 5] == 0.0)
+    assert np.all(dk[1, 3:] == 0.0) and np.all(dv[1, 3:] == 0.0)  # keys nobody may see
+    allowed = np_structured_mask(2, 7, 7, lens, mask=mask)
+    ref_out, ref_grads = np_attention_and_grads(q, k, v, allowed, g)
+    check_against_numpy(out, [dq, dk, dv], ref_out, ref_grads)
+
+
+def test_causal_block_skipping_with_offset_and_per_query_lengths():
+    """Query blocks skip key blocks above the diagonal and past the longest sequence."""
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=(2, 2, 37, 8)).astype("float32")
+    k = rng.normal(size=(2, 2, 45, 8)).astype("float32")
+    v = rng.normal(size=(2, 2, 45, 3)).astype("float32")
+    g = rng.normal(size=(2, 2, 37, 3)).astype("float32")
+    lens = np.array([45, 20])
+    for offset in (0, 8):
+        out, grads = chunked_with_grads(q, k, v, g, valid_lens=lens, causal=True,
+                                        causal_offset=offset, chunk_size=4, query_chunk_size=8)
+        allowed = np_structured_mask(2, 37, 45, lens, causal=True, offset=offset)[:, None]
+        ref_out, ref_grads = np_attention_and_grads(q, k, v, allowed, g)
+        check_against_numpy(out, grads, ref_out, ref_grads)
+
+
+def test_compiled_dynamic_shapes_and_xla_equal_eager():
+    rng = np.random.default_rng(2)
+    q, k, v = (tf.constant(rng.normal(size=(2, 3, 10, 4)).astype("float32")) for _ in range(3))
+    lens = tf.constant([10, 4])
+
+    def loss_and_grads(q, k, v, lens):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = chunked_dot_product_attention(q, k, v, valid_lens=lens, causal=True,
+                                                chunk_size=3, query_chunk_size=4)
+            loss = tf.reduce_sum(out * out)
+        return out, tape.gradient(loss, [q, k, v])
+
+    spec = tf.TensorSpec([None, 3, None, 4])
+    dynamic = tf.function(loss_and_grads, input_signature=[spec, spec, spec,
+                                                            tf.TensorSpec([None], "int32")])
+    xla = tf.function(loss_and_grads, jit_compile=True)
+    eager_out, eager_grads = loss_and_grads(q, k, v, lens)
+    for compiled in (dynamic, xla):
+        out, grads = compiled(q, k, v, lens)
+        np.testing.assert_allclose(to_np(out), to_np(eager_out), atol=1e-5)
+        for got, want in zip(grads, eager_grads):
+            np.testing.assert_allclose(to_np(got), to_np(want), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,atol", [("float16", 5e-3), ("bfloat16", 3e-2)])
+def test_low_precision_inputs_keep_dtype_and_accuracy(dtype, atol):
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(2, 9, 8)).astype("float32") for _ in range(3))
+    lens = np.array([0, 6])
+    out = chunked_dot_product_attention(*(keras.ops.cast(x, dtype) for x in (q, k, v)),
+                                        valid_lens=lens, causal=True, chunk_size=4)
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    ref, _ = np_attention_and_grads(q, k, v, np_structured_mask(2, 9, 9, lens, causal=True),
+                                    np.zeros((2, 9, 8), "float32"))
+    assert np.all(np.isfinite(to_np(out)))
+    np.testing.assert_allclose(to_np(out), ref, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "kwargs,arg",
+    [({"chunk_size": 0}, "chunk_size"), ({"chunk_size": 2.5}, "chunk_size"),
+     ({"query_chunk_size": -1}, "query_chunk_size"), ({"valid_lens": np.ones((2, 3, 4))},
+                                                      "valid_lens"),
+     ({"valid_lens": np.ones((2, 5))}, "valid_lens")],
+)
+def test_bad_arguments_name_the_argument(kwargs, arg):
+    x = np.ones((2, 3, 4), "float32")
+    with pytest.raises(ValueError, match=arg):
+        chunked_dot_product_attention(x, x, x, **kwargs)
+
+
+# ---------------------------------------------------------------- ops and MultiHead wiring
+
+def test_ops_dot_product_attention_chunked_equals_dense():
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.normal(size=(2, 3, 6, 4)).astype("float32") for _ in range(3))
+    mask = rng.random((2, 6, 6)) < 0.7
+    dense, weights = attn_ops.dot_product_attention(q, k, v, mask=mask)
+    chunked, none = attn_ops.dot_product_attention(q, k, v, mask=mask, implementation="chunked",
+                                                   chunk_size=4)
+    assert none is None and weights.shape == (2, 3, 6, 6)
+    np.testing.assert_allclose(to_np(chunked), to_np(dense), atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "chunked"])
+def test_ops_structured_masks_match_numpy(implementation):
+    """valid_lens and use_causal_mask, alone or with a dense mask, in both implementations."""
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.normal(size=(2, 3, 6, 4)).astype("float32") for _ in range(3))
+    lens = np.array([[1, 2, 0, 6, 6, 3], [6, 5, 4, 3, 2, 1]])
+    mask = rng.random((2, 6, 6)) < 0.8
+    out, _ = attn_ops.dot_product_attention(q, k, v, mask=mask, valid_lens=lens,
+                                            use_causal_mask=True, implementation=implementation,
+                                            chunk_size=4)
+    allowed = np_structured_mask(2, 6, 6, lens, causal=True, mask=mask)[:, None]
+    ref, _ = np_attention_and_grads(q, k, v, allowed, np.zeros((2, 3, 6, 4), "float32"))
+    np.testing.assert_allclose(to_np(out), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs,arg",
+    [({"implementation": "flash"}, "implementation"), ({"chunk_size": 0}, "chunk_size"),
+     ({"implementation": "chunked", "dropout_rate": 0.1, "training": True}, "implementation")],
+)
+def test_ops_bad_implementation_arguments(kwargs, arg):
+    x = np.ones((2, 3, 4), "float32")
+    with pytest.raises(ValueError, match=arg):
+        attn_ops.dot_product_attention(x, x, x, **kwargs)
+
+
+def multi_head_pair(**kwargs):
+    dense = ka.MultiHead(num_heads=3, key_dim=4, value_dim=5, output_dim=7, **kwargs)
+    chunked = ka.MultiHead(num_heads=3, key_dim=4, value_dim=5, output_dim=7,
+                           implementation="chunked", chunk_size=3, **kwargs)
+    return dense, chunked
+
+
+@pytest.mark.parametrize("masking", ["none", "valid_lens", "causal", "lens_and_causal",
+                                     "attention_mask"])
+def test_multi_head_chunked_equals_dense_with_same_weights(masking):
+    rng = np.random.default_rng(5)
+    q, kv = rng.normal(size=(2, 8, 6)).astype("float32"), rng.normal(size=(2, 10, 9))
+    kv = kv.astype("float32")
+    dense, chunked = multi_head_pair()
+    causal = "causal" in masking
+    key_len = 8 if causal else 10  # causal self-attention; otherwise cross-attention
+    key = q if causal else kv
+    call = {"use_causal_mask": causal}
+    if "lens" in masking:
+        call["valid_lens"] = np.array([key_len, 0])
+    if masking == "attention_mask":
+        call["attention_mask"] = rng.random((2, 8, key_len)) < 0.5
+    dense(q, key)
+    chunked(q, key)
+    chunked.set_weights(dense.get_weights())
+    q_t, key_t = tf.constant(q), tf.constant(key)
+    results = []
+    for layer in (dense, chunked):
+        with tf.GradientTape() as tape:
+            tape.watch([q_t, key_t])
+            out = layer(q_t, key_t, **call)
+            loss = tf.reduce_sum(out * out)
+        grads = tape.gradient(loss, [q_t, key_t] + layer.trainable_variables)
+        results.append((to_np(out), [to_np(x) for x in grads]))
+    np.testing.assert_allclose(results[1][0], results[0][0], atol=1e-4)
+    for got, want in zip(results[1][1], results[0][1]):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("masking", ["none", "lens_and_causal"])
+def test_multi_head_dense_fused_path_equals_weights_path(masking):
+    """Without returned weights the dense path uses the fused backward: same numbers."""
+    rng = np.random.default_rng(8)
+    x = tf.constant(rng.normal(size=(2, 6, 8)).astype("float32"))
+    layer = ka.MultiHead(num_heads=2, key_dim=3)
+    call = {}
+    if masking != "none":
+        call = {"valid_lens": np.array([6, 0]), "use_causal_mask": True}
+    results = []
+    for with_weights in (True, False):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = layer(x, return_attention_scores=with_weights, **call)
+            out = out[0] if with_weights else out
+            loss = tf.reduce_sum(out * tf.range(8, dtype="float32"))
+        grads = tape.gradient(loss, [x] + layer.trainable_variables)
+        results.append([to_np(out)] + [to_np(grad) for grad in grads])
+    for fused, reference in zip(results[1], results[0]):
+        np.testing.assert_allclose(fused, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_multi_head_chunked_cached_decoding_equals_full_sequence():
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 5, 6)).astype("float32")
+    dense, chunked = multi_head_pair()
+    dense(x)
+    chunked(x)
+    chunked.set_weights(dense.get_weights())
+    full = to_np(dense(x, use_causal_mask=True))
+    cache = chunked.init_cache(2, 5)
+    steps = []
+    for i in range(5):
+        out, cache = chunked(x[:, i:i + 1], cache=cache, cache_update_index=i,
+                             use_causal_mask=True)
+        steps.append(to_np(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+def test_multi_head_chunked_layer_contract(tmp_path):
+    rng = np.random.default_rng(7)
+    out = run_layer_test(
+        ka.MultiHead,
+        {"num_heads": 2, "key_dim": 4, "implementation": "chunked", "chunk_size": 3},
+        {"query": rng.normal(size=(2, 7, 6)).astype("float32"),
+         "valid_lens": np.array([7, 2], "int32")},
+        (2, 7, 6),
+        tmp_path,
+        call_kwargs={"use_causal_mask": True},
+    )
+    assert np.all(np.isfinite(out))
+    config = ka.MultiHead(2, 4, implementation="chunked", chunk_size=3).get_config()
+    assert config["implementation"] == "chunked" and config["chunk_size"] == 3
+    revived = ka.MultiHead.from_config(config)
+    assert (revived.implementation, revived.chunk_size) == ("chunked", 3)
+    config = ka.MultiHead(2, 4).get_config()
+    assert config["implementation"] == "dense" and config["chunk_size"] is None
+
+
+@pytest.mark.parametrize(
+    "kwargs,arg",
+    [({"implementation": "flash"}, "implementation"), ({"chunk_size": 0}, "chunk_size"),
+     ({"implementation": "chunked", "dropout": 0.1}, "implementation")],
+)
+def test_multi_head_bad_implementation_arguments(kwargs, arg):
+    with pytest.raises(ValueError, match=arg):
+        ka.MultiHead(num_heads=2, key_dim=4, **kwargs)
+
+
+def test_multi_head_chunked_refuses_to_return_weights():
+    layer = ka.MultiHead(num_heads=2, key_dim=4, implementation="chunked")
+    with pytest.raises(ValueError, match="return_attention_scores"):
+        layer(np.ones((1, 3, 8), "float32"), return_attention_scores=True)
