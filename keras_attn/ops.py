@@ -29,6 +29,27 @@ def _check_rank(name: str, tensor, min_rank: int) -> None:
         )
 
 
+def _known(*dims) -> bool:
+    """True when every dimension is a static Python int."""
+    return all(isinstance(d, int) for d in dims)
+
+
+def _check_mask_shape(mask, query_len, key_len, batch_size=None, name="attention_mask"):
+    """A boolean mask must end in (query_len, key_len) (or broadcast: 1) and match the batch."""
+    shape = tuple(mask.shape)
+    expected = (query_len, key_len)
+    for got, want in zip(shape[-2:], expected):
+        if _known(got, want) and got not in (1, want):
+            raise ValueError(
+                f"Argument `{name}` must have shape (batch_size, query_len={query_len}, "
+                f"key_len={key_len}) or broadcast to it. Received: {name}.shape={shape}"
+            )
+    if len(shape) == 3 and _known(shape[0], batch_size) and shape[0] not in (1, batch_size):
+        raise ValueError(
+            f"Argument `{name}` must have batch size {batch_size}. Received: {name}.shape={shape}"
+        )
+
+
 def sequence_mask(valid_lens, maxlen: int):
     """Boolean mask of the first `valid_lens` positions along a new last axis.
 
@@ -70,7 +91,7 @@ def causal_mask(query_len: int, key_len: int | None = None, offset=0):
     return ops.less_equal(cols, rows + ops.cast(offset, "int32"))  # (T, S)
 
 
-def valid_lens_mask(valid_lens, query_len: int, key_len: int):
+def valid_lens_mask(valid_lens, query_len: int, key_len: int, batch_size=None):
     """Turn d2l-style `valid_lens` into a `(B, T, S)` boolean mask over keys.
 
     Args:
@@ -78,6 +99,7 @@ def valid_lens_mask(valid_lens, query_len: int, key_len: int):
             (one length per query).
         query_len: `T`.
         key_len: `S`.
+        batch_size: optional `B` to check `valid_lens` against. Defaults to `None`.
 
     Returns:
         Boolean tensor of shape `(B, T, S)`; for `(B,)` lengths the query axis has size 1
@@ -85,6 +107,13 @@ def valid_lens_mask(valid_lens, query_len: int, key_len: int):
     """
     valid_lens = ops.convert_to_tensor(valid_lens)
     rank = len(valid_lens.shape)
+    if rank in (1, 2) and _known(valid_lens.shape[0], batch_size) and (
+        valid_lens.shape[0] != batch_size
+    ):
+        raise ValueError(
+            f"Argument `valid_lens` must have batch size {batch_size}. "
+            f"Received: valid_lens.shape={tuple(valid_lens.shape)}"
+        )
     if rank == 1:
         return ops.expand_dims(sequence_mask(valid_lens, key_len), 1)  # (B, 1, S)
     if rank == 2:
@@ -110,6 +139,7 @@ def merge_masks(
     query_mask=None,
     key_mask=None,
     causal_offset=0,
+    batch_size=None,
 ):
     """Combine every way a mask can come in into one boolean `(B, T, S)` mask (or None).
 
@@ -123,13 +153,15 @@ def merge_masks(
         key_mask: `(B, S)` Keras implicit mask of the keys.
         causal_offset: int or scalar tensor, key position of the first query, for cached
             decoding (see `causal_mask`). Defaults to `0`.
+        batch_size: optional `B`, checked against `valid_lens` and `attention_mask`.
+            Defaults to `None`.
 
     Returns:
         Boolean tensor broadcastable to `(B, T, S)`, or None when nothing masks.
     """
     masks = []
     if valid_lens is not None:
-        masks.append(valid_lens_mask(valid_lens, query_len, key_len))
+        masks.append(valid_lens_mask(valid_lens, query_len, key_len, batch_size))
     if attention_mask is not None:
         attention_mask = ops.convert_to_tensor(attention_mask)
         if len(attention_mask.shape) not in (2, 3):
@@ -138,6 +170,7 @@ def merge_masks(
                 f"(query_len, key_len). Received: attention_mask.shape="
                 f"{tuple(attention_mask.shape)}"
             )
+        _check_mask_shape(attention_mask, query_len, key_len, batch_size)
         masks.append(ops.cast(attention_mask, "bool"))
     if use_causal_mask:
         masks.append(ops.expand_dims(causal_mask(query_len, key_len, causal_offset), 0))
@@ -282,6 +315,9 @@ def dot_product_attention(
             "Received an invalid value for argument `chunk_size`, expected a positive integer. "
             f"Received: chunk_size={chunk_size!r}"
         )
+    if mask is not None:
+        mask = ops.convert_to_tensor(mask)
+        _check_mask_shape(mask, query.shape[-2], key.shape[-2], name="mask")
     if implementation == "chunked":
         if training and dropout_rate > 0.0:
             raise ValueError(

@@ -109,6 +109,10 @@ def test_dot_product_attention_matches_formula_and_checks_depth():
         attn_ops.dot_product_attention(q, np.zeros((2, 5, 3), "float32"), v)
     with pytest.raises(ValueError, match="dropout_rate"):
         attn_ops.dot_product_attention(q, k, v, dropout_rate=1.5)
+    for implementation in ("dense", "chunked"):
+        with pytest.raises(ValueError, match="`mask`.*Received: mask.shape=\\(4, 4\\)"):
+            attn_ops.dot_product_attention(q, k, v, mask=np.ones((4, 4), bool),
+                                           implementation=implementation)
 
 
 def test_dot_product_attention_dropout_only_in_training():

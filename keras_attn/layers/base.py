@@ -130,6 +130,7 @@ class BaseAttention(keras.layers.Layer):
             query_mask=query_mask,
             key_mask=key_mask,
             causal_offset=causal_offset,
+            batch_size=query.shape[0],
         )
         return key, value, mask
 
