@@ -7,5 +7,5 @@ SavedModel.
 
 __version__ = "0.1.0"
 
-from keras_attn import decoding, layers, metrics, models, ops  # noqa: E402,F401
-from keras_attn.layers import *  # noqa: E402,F401,F403
+from keras_attn import decoding, layers, metrics, models, ops  # noqa: F401
+from keras_attn.layers import *

@@ -39,6 +39,8 @@ import math
 import keras
 from keras import ops
 
+from keras_attn._checks import check_positive_int
+
 # Same masking constant as keras_attn.ops (in float32): exp() of it is exactly 0 next to any
 # real score, and `score - max` never overflows.
 _MASK_VALUE = -1e30
@@ -79,16 +81,6 @@ def auto_chunk_size(query_len) -> int:
     while size * 2 * query_len <= BLOCK_BUDGET:
         size *= 2
     return size
-
-
-def _check_chunk(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected a positive integer. "
-            f"Received: {name}={value!r}"
-        )
 
 
 def _pad_axis(x, axis: int, amount, value=0):
@@ -635,8 +627,8 @@ def chunked_dot_product_attention(
         Dao et al., 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with
         IO-Awareness", https://arxiv.org/abs/2205.14135
     """
-    _check_chunk("chunk_size", chunk_size, allow_none=True)
-    _check_chunk("query_chunk_size", query_chunk_size, allow_none=True)
+    check_positive_int("chunk_size", chunk_size, allow_none=True)
+    check_positive_int("query_chunk_size", query_chunk_size, allow_none=True)
     query, key, value, dense, row_lens = _prepare(query, key, value, mask, valid_lens, scale)
     query_len, key_len = _num_rows(query), _num_rows(key)
     # Blocks never exceed the sequence: a short sequence is one block, unpadded.

@@ -26,20 +26,13 @@ import weakref
 
 import tensorflow as tf
 
+from keras_attn._checks import check_int
+
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # Score of impossible candidates (beams that do not exist yet, finished beams' other tokens):
 # far below any real log-probability, yet finite so no inf - inf can appear.
 _NEG = -1e9
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected {kind}. "
-            f"Received: {name}={value!r}"
-        )
 
 
 def _decoder_parts(model):
@@ -304,9 +297,9 @@ def greedy_search(
     >>> model = keras_attn.models.transformer_seq2seq(20, 20, num_layers=1, embed_dim=16)
     >>> tokens = greedy_search(model, [[5, 6, 7, 0]], max_length=10)  # (1, 10)
     """
-    _check_int("max_length", max_length, 1)
-    _check_int("bos_id", bos_id, 0)
-    _check_int("eos_id", eos_id, 0)
+    check_int("max_length", max_length, 1)
+    check_int("bos_id", bos_id, 0)
+    check_int("eos_id", eos_id, 0)
     return _run(
         _greedy, model, source_ids, jit_compile, max_length=max_length, bos_id=bos_id,
         eos_id=eos_id, return_attention=bool(return_attention),
@@ -357,10 +350,10 @@ def beam_search(
         Wu et al., 2016, "Google's Neural Machine Translation System",
         https://arxiv.org/abs/1609.08144
     """
-    _check_int("max_length", max_length, 1)
-    _check_int("beam_size", beam_size, 1)
-    _check_int("bos_id", bos_id, 0)
-    _check_int("eos_id", eos_id, 0)
+    check_int("max_length", max_length, 1)
+    check_int("beam_size", beam_size, 1)
+    check_int("bos_id", bos_id, 0)
+    check_int("eos_id", eos_id, 0)
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or (
         length_penalty < 0
     ):

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from keras_attn import decoding
+from keras_attn._checks import check_positive_int
 
 # Ids 0-3 are padding, unknown, <bos>, <eos> in every keras_attn vocabulary.
 _FIRST_WORD_ID = 4
@@ -113,18 +114,10 @@ def export_translator(
     """
     _check_vectorizer("source_vectorizer", source_vectorizer)
     _check_vectorizer("target_vectorizer", target_vectorizer)
-    if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
-        raise ValueError(
-            "Received an invalid value for argument `beam_size`, expected a positive integer. "
-            f"Received: beam_size={beam_size!r}"
-        )
+    check_positive_int("beam_size", beam_size)
     target_length = target_vectorizer.get_config()["output_sequence_length"]
     max_length = target_length if max_length is None else max_length
-    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1:
-        raise ValueError(
-            "Received an invalid value for argument `max_length`, expected a positive integer. "
-            f"Received: max_length={max_length!r}"
-        )
+    check_positive_int("max_length", max_length)
     source_length = source_vectorizer.get_config()["output_sequence_length"]
     translate = make_translate_fn(
         model, source_vectorizer, target_vectorizer.get_vocabulary(), max_length, beam_size,

@@ -13,6 +13,7 @@ import math
 import keras
 from keras import ops
 
+from keras_attn._checks import check_positive_int
 from keras_attn.chunked import chunked_dot_product_attention
 
 # Added to the scores of masked positions (in float32). Large enough to drive exp() to exactly 0
@@ -308,13 +309,7 @@ def dot_product_attention(
             "Received an invalid value for argument `implementation`, expected \"dense\" or "
             f"\"chunked\". Received: implementation={implementation!r}"
         )
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
-    ):
-        raise ValueError(
-            "Received an invalid value for argument `chunk_size`, expected a positive integer. "
-            f"Received: chunk_size={chunk_size!r}"
-        )
+    check_positive_int("chunk_size", chunk_size, allow_none=True)
     if mask is not None:
         mask = ops.convert_to_tensor(mask)
         _check_mask_shape(mask, query.shape[-2], key.shape[-2], name="mask")

@@ -27,6 +27,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_attn._checks import check_positive_int
+
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
@@ -62,8 +64,8 @@ def build_vectorizer(
         starts with `"", "[UNK]", "<bos>", "<eos>"` (ids 0 to 3) and which maps a batch of
         strings `(B,)` to int64 ids `(B, max_length)`.
     """
-    _check_positive_int("max_length", max_length)
-    _check_positive_int("min_freq", min_freq)
+    check_positive_int("max_length", max_length)
+    check_positive_int("min_freq", min_freq)
     counts = collections.Counter()
     for text in texts:
         counts.update(token for token in text.split(" ") if token)
@@ -197,7 +199,7 @@ class TranslationData:
                     f"one of 'train', 'validation', 'test'. Received: pairs={pairs!r}"
                 )
             pairs = getattr(self, pairs)
-        _check_positive_int("batch_size", batch_size)
+        check_positive_int("batch_size", batch_size)
         source, target_in, target_out = self.encode_pairs(pairs)
         dataset = tf.data.Dataset.from_tensor_slices(((source, target_in), target_out))
         if shuffle and len(source) > 0:
@@ -256,15 +258,3 @@ class TranslationData:
 def max_tokens(texts: Iterable[str]) -> int:
     """Number of tokens of the longest token string (0 for none)."""
     return max((len(text.split(" ")) for text in texts if text), default=0)
-
-
-def _check_positive_int(name: str, value) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value <= 0
-    ):
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected a positive integer. "
-            f"Received: {name}={value!r}"
-        )

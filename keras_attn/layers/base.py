@@ -11,26 +11,7 @@ from __future__ import annotations
 import keras
 
 from keras_attn import ops as attn_ops
-
-
-def check_positive_int(name: str, value, allow_none: bool = False) -> None:
-    """Raise a ValueError naming `name` unless `value` is a positive integer (or None)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected a positive integer. "
-            f"Received: {name}={value!r}"
-        )
-
-
-def check_rate(name: str, value) -> None:
-    """Raise a ValueError naming `name` unless `0 <= value < 1`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected a float in [0, 1). "
-            f"Received: {name}={value!r}"
-        )
+from keras_attn._checks import check_positive_int, check_rate  # noqa: F401 (re-exported)
 
 
 def check_last_dim(name: str, shape, expected, other: str) -> None:

@@ -15,16 +15,9 @@ import numpy as np
 from keras import ops
 
 from keras_attn import ops as attn_ops
+from keras_attn._checks import check_int
 from keras_attn.layers.linear_attention import padding_masks
 from keras_attn.layers.multi_head import MultiHead
-
-
-def _check_non_negative_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected a non-negative "
-            f"integer. Received: {name}={value!r}"
-        )
 
 
 def local_attention_mask(
@@ -53,8 +46,8 @@ def local_attention_mask(
     Returns:
         Boolean tensor `(T, S)`.
     """
-    _check_non_negative_int("window", window)
-    _check_non_negative_int("num_global", num_global)
+    check_int("window", window, 0)
+    check_int("num_global", num_global, 0)
     rows = ops.expand_dims(ops.arange(query_len, dtype="int32"), -1) + ops.cast(offset, "int32")
     cols = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)
     diff = rows - cols  # (T, S)
@@ -135,8 +128,8 @@ def local_dot_product_attention(
     >>> q = k = v = keras.ops.ones((1, 2, 4096, 32))
     >>> local_dot_product_attention(q, k, v, window=128, causal=True).shape  # (1, 2, 4096, 32)
     """
-    _check_non_negative_int("window", window)
-    _check_non_negative_int("num_global", num_global)
+    check_int("window", window, 0)
+    check_int("num_global", num_global, 0)
     q_len, k_len = query.shape[2], key.shape[2]
     if None not in (q_len, k_len) and q_len != k_len:
         raise ValueError(
@@ -298,8 +291,8 @@ class LocalMultiHead(MultiHead):
             seed=seed,
             **kwargs,
         )
-        _check_non_negative_int("window", window)
-        _check_non_negative_int("num_global", num_global)
+        check_int("window", window, 0)
+        check_int("num_global", num_global, 0)
         self.window = window
         self.num_global = num_global
 

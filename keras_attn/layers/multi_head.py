@@ -7,16 +7,9 @@ import numpy as np
 from keras import ops
 
 from keras_attn import ops as attn_ops
+from keras_attn._checks import check_bool
 from keras_attn.chunked import fused_dot_product_attention
 from keras_attn.layers.base import BaseAttention, check_positive_int
-
-
-def _check_bool(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(  # noqa: TRY004 (the project raises ValueError for bad arguments)
-            f"Received an invalid value for argument `{name}`, expected a bool. "
-            f"Received: {name}={value!r}"
-        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -120,9 +113,9 @@ class MultiHead(BaseAttention):
         check_positive_int("key_dim", key_dim)
         check_positive_int("value_dim", value_dim, allow_none=True)
         check_positive_int("output_dim", output_dim, allow_none=True)
-        _check_bool("use_bias", use_bias)
-        _check_bool("add_bias_kv", add_bias_kv)
-        _check_bool("add_zero_attn", add_zero_attn)
+        check_bool("use_bias", use_bias)
+        check_bool("add_bias_kv", add_bias_kv)
+        check_bool("add_zero_attn", add_zero_attn)
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = key_dim if value_dim is None else value_dim

@@ -14,6 +14,7 @@ import math
 import keras
 from keras import ops
 
+from keras_attn._checks import check_bool
 from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.ffn import FFN
@@ -22,14 +23,6 @@ from keras_attn.layers.multi_head import MultiHead
 from keras_attn.layers.position_encoding import SinusoidalPositionEncoding
 
 PAD_ID = 0
-
-
-def _check_bool(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
-            f"Received an invalid value for argument `{name}`, expected a bool. "
-            f"Received: {name}={value!r}"
-        )
 
 
 def _get_activation(activation):
@@ -82,7 +75,7 @@ class _TransformerBlock(keras.layers.Layer):
         check_positive_int("attention_window", attention_window, allow_none=True)
         self.attention_window = attention_window
         check_rate("dropout", dropout)
-        _check_bool("norm_first", norm_first)
+        check_bool("norm_first", norm_first)
         self.num_heads = num_heads
         self.ffn_dim = ffn_dim
         self.dropout = dropout
@@ -453,7 +446,7 @@ class _TransformerStack(keras.layers.Layer):
             check_positive_int(name, value)
         _head_dim(embed_dim, num_heads)
         check_rate("dropout", dropout)
-        _check_bool("norm_first", norm_first)
+        check_bool("norm_first", norm_first)
         self.vocab_size = vocab_size
         self.num_layers = num_layers
         self.embed_dim = embed_dim

@@ -1,0 +1,42 @@
+"""Argument checks shared by every module: a ValueError that names the argument, says what was
+expected and shows what came in. This module imports nothing of keras_attn, so the lowest
+layers (ops, chunked, data) can use it too."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _fail(name: str, expected: str, value) -> None:
+    raise ValueError(
+        f"Received an invalid value for argument `{name}`, expected {expected}. "
+        f"Received: {name}={value!r}"
+    )
+
+
+def check_int(name: str, value, minimum: int = 1, allow_none: bool = False) -> None:
+    """Raise unless `value` is an integer `>= minimum` (or None when `allow_none`)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        expected = {1: "a positive integer", 0: "a non-negative integer"}.get(
+            minimum, f"an integer >= {minimum}"
+        )
+        _fail(name, expected, value)
+
+
+def check_positive_int(name: str, value, allow_none: bool = False) -> None:
+    """Raise unless `value` is a positive integer (or None when `allow_none`)."""
+    check_int(name, value, 1, allow_none)
+
+
+def check_rate(name: str, value) -> None:
+    """Raise unless `value` is a number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        _fail(name, "a float in [0, 1)", value)
+
+
+def check_bool(name: str, value) -> None:
+    """Raise unless `value` is a bool."""
+    if not isinstance(value, bool):
+        _fail(name, "a bool", value)
