@@ -9,6 +9,10 @@ float32 and bfloat16 GEMM rates measured in the same rounds (the ceiling of the 
 
     python benchmarks/bf16_training.py
     python benchmarks/bf16_training.py --layers 4 --dim 512 --heads 8 --ffn 2048 --xla
+    python benchmarks/bf16_training.py --keras-dropout   # masks from keras.random.dropout
+
+`--keras-dropout` swaps `keras_attn.ops.dropout` (16 random bits per element) for
+`keras.random.dropout` (one float uniform per element), to measure what the cheaper mask buys.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--xla", action="store_true", help="compile with jit_compile=True")
+    parser.add_argument("--keras-dropout", action="store_true",
+                        help="draw dropout masks with keras.random.dropout instead")
     return parser.parse_args(argv)
 
 
@@ -73,8 +79,15 @@ def main(argv=None) -> None:
     header("Transformer training step: float32 vs mixed_bfloat16")
     print(f"transformer_seq2seq: {args.layers}+{args.layers} layers, d={args.dim}, "
           f"heads={args.heads}, ffn={args.ffn}, vocab={args.vocab}, batch={args.batch}, "
-          f"length={args.length}, dropout={args.dropout}, "
+          f"length={args.length}, dropout={args.dropout} "
+          f"({'keras.random.dropout' if args.keras_dropout else 'keras_attn.ops.dropout'}), "
           f"{'XLA' if args.xla else 'tf.function'}; {args.rounds} alternating rounds, medians")
+    if args.keras_dropout:
+        import keras
+
+        from keras_attn import ops as attn_ops
+
+        attn_ops.dropout = lambda x, rate, seed=None: keras.random.dropout(x, rate, seed=seed)
     x, y = synthetic_batch(args)
     models = {policy: build(policy, args) for policy in ("float32", "mixed_bfloat16")}
     losses = {}

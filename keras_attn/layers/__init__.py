@@ -4,6 +4,7 @@ from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.additive_attention import AdditiveAttention
 from keras_attn.layers.bahdanau import BahdanauCell, BahdanauDecoder, BahdanauEncoder
 from keras_attn.layers.base import BaseAttention
+from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.ffn import FFN
 from keras_attn.layers.linear_attention import LinearAttention, linear_attention
 from keras_attn.layers.local_attention import (
@@ -39,6 +40,7 @@ __all__ = [
     "BahdanauDecoder",
     "BahdanauEncoder",
     "BaseAttention",
+    "Dropout",
     "LinearAttention",
     "LocalMultiHead",
     "MultiHead",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from keras_attn.layers.base import check_rate
+from keras_attn.layers.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -42,7 +43,7 @@ class AddNorm(keras.layers.Layer):
         self.epsilon = epsilon
         self.seed = seed
         self.supports_masking = True
-        self.dropout_layer = keras.layers.Dropout(dropout, seed=seed, name="dropout",
+        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout",
                                                   dtype=self.dtype_policy)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=epsilon, name="layer_norm",
                                                           dtype=self.dtype_policy)

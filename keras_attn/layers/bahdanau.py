@@ -13,6 +13,7 @@ from keras import ops
 from keras_attn import ops as attn_ops
 from keras_attn.layers.additive_attention import AdditiveAttention
 from keras_attn.layers.base import check_positive_int, check_rate
+from keras_attn.layers.dropout import Dropout
 
 PAD_ID = 0
 
@@ -90,7 +91,7 @@ class BahdanauEncoder(keras.layers.Layer):
             )
             for i in range(num_layers)
         ]
-        self.dropout_layer = keras.layers.Dropout(
+        self.dropout_layer = Dropout(
             dropout, seed=seed, name="dropout", dtype=self.dtype_policy
         )
 
@@ -208,7 +209,7 @@ class BahdanauCell(keras.layers.Layer):
             keras.layers.GRUCell(units, name=f"gru_cell_{i}", dtype=policy)
             for i in range(num_layers)
         ]
-        self.dropout_layer = keras.layers.Dropout(dropout, seed=seed, name="dropout", dtype=policy)
+        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout", dtype=policy)
 
     def build(self, inputs_shape):
         batch_size = inputs_shape[0]

@@ -70,7 +70,7 @@ class BaseAttention(keras.layers.Layer):
     def dropout_weights(self, weights, training):
         """Dropout applied to attention weights when training."""
         if training and self.dropout > 0:
-            return keras.random.dropout(weights, self.dropout, seed=self.seed_generator)
+            return attn_ops.dropout(weights, self.dropout, seed=self.seed_generator)
         return weights
 
     def prepare(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from keras_attn.layers.base import check_positive_int, check_rate
+from keras_attn.layers.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -59,7 +60,7 @@ class FFN(keras.layers.Layer):
         self.seed = seed
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
-        self.dropout_layer = keras.layers.Dropout(dropout, seed=seed, name="dropout",
+        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout",
                                                   dtype=self.dtype_policy)
 
     def build(self, input_shape):

@@ -195,7 +195,7 @@ def local_dot_product_attention(
 
     weights = ops.cast(attn_ops.masked_softmax(scores, mask=mask), value.dtype)
     if training and dropout_rate > 0.0:
-        weights = keras.random.dropout(weights, dropout_rate, seed=seed)
+        weights = attn_ops.dropout(weights, dropout_rate, seed=seed)
     if num_global:
         outputs = ops.matmul(weights[..., num_global:], v_tile) + ops.matmul(
             weights[..., :num_global], ops.expand_dims(v_glob, 2)
@@ -215,7 +215,7 @@ def local_dot_product_attention(
             attn_ops.masked_softmax(ops.cast(strip, "float32"), mask=strip_mask), value.dtype
         )
         if training and dropout_rate > 0.0:
-            strip_weights = keras.random.dropout(strip_weights, dropout_rate, seed=seed)
+            strip_weights = attn_ops.dropout(strip_weights, dropout_rate, seed=seed)
         glob_out = ops.matmul(strip_weights, value)  # (B, H, g, dv)
         outputs = ops.concatenate([glob_out, outputs[:, :, num_global:]], axis=2)
     return outputs

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_attn.layers.base import check_rate
+from keras_attn.layers.dropout import Dropout
 
 
 def sinusoidal_table(length, dim: int, max_wavelength: float = 10000.0, start_index=0):
@@ -78,7 +79,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         self.max_wavelength = max_wavelength
         self.dropout = dropout
         self.seed = seed
-        self.dropout_layer = keras.layers.Dropout(dropout, seed=seed, name="dropout",
+        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout",
                                                   dtype=self.dtype_policy)
         self.supports_masking = True
 

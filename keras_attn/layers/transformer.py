@@ -17,6 +17,7 @@ from keras import ops
 from keras_attn._checks import check_bool
 from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.base import check_positive_int, check_rate
+from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.ffn import FFN
 from keras_attn.layers.local_attention import LocalMultiHead
 from keras_attn.layers.multi_head import MultiHead
@@ -143,7 +144,7 @@ class _TransformerBlock(keras.layers.Layer):
     def _build_residual_dropout(self) -> None:
         self.residual_dropout = None
         if self.norm_first:
-            self.residual_dropout = keras.layers.Dropout(
+            self.residual_dropout = Dropout(
                 self.dropout, seed=self.seed, name="residual_dropout", dtype=self.dtype_policy
             )
 

@@ -1,0 +1,61 @@
+"""The four batched products of attention, under tf.function and under XLA, side by side.
+
+Forward + backward of attention multiplies four ways: `Q Kᵀ` (scores), `P V` (context) and, in
+the backward, `dS K` and the transposed-weights products `Pᵀ dO` and `dSᵀ Q`. This script times
+one of each shape, `(BH, T, T) x (BH, T, d)` and friends, under `tf.function` and with
+`jit_compile=True`, in alternating rounds. It shows where XLA on this CPU loses to the
+TensorFlow (oneDNN) kernels: the product whose big left operand is contracted over its first
+axis (`Pᵀ dO`), which keras.layers.MultiHeadAttention and MultiHead both need in the backward.
+
+    python benchmarks/xla_products.py
+    python benchmarks/xla_products.py --batch-heads 256 --length 128
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from _common import header, median, time_alternating
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-heads", type=int, default=32, help="B·H, the batch of products")
+    parser.add_argument("--length", type=int, default=1024, help="T = S")
+    parser.add_argument("--depth", type=int, default=32, help="head size d")
+    parser.add_argument("--rounds", type=int, default=11)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    import tensorflow as tf
+
+    args = parse_args(argv)
+    header("Attention's batched products: tf.function vs XLA (float32)")
+    n, t, d = args.batch_heads, args.length, args.depth
+    print(f"BH={n}, T=S={t}, d={d}; {args.rounds} alternating rounds, medians")
+    weights = tf.random.normal((n, t, t))
+    small = tf.random.normal((n, t, d))
+    other = tf.random.normal((n, t, d))
+    products = {
+        "scores Q Kᵀ (T,d)x(d,S)": lambda: tf.matmul(small, other, transpose_b=True),
+        "context P V (T,S)x(S,d)": lambda: tf.matmul(weights, small),
+        "dS K, same form as P V": lambda: tf.matmul(weights, other),
+        "Pᵀ dO (S,T)x(T,d)": lambda: tf.matmul(weights, small, transpose_a=True),
+    }
+    fns = {}
+    for name, fn in products.items():
+        fns[(name, "graph")] = tf.function(fn)
+        fns[(name, "xla")] = tf.function(fn, jit_compile=True)
+    times = time_alternating(fns, args.rounds)
+    flops = 2.0 * n * t * t * d
+    print("| product | tf.function ms | XLA ms | XLA / tf.function | XLA GFLOP/s |")
+    print("|---|---|---|---|---|")
+    for name in products:
+        graph, xla = median(times[(name, "graph")]), median(times[(name, "xla")])
+        print(f"| {name} | {graph * 1e3:.1f} | {xla * 1e3:.1f} | {xla / graph:.2f} | "
+              f"{flops / xla / 1e9:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
