@@ -207,42 +207,54 @@ def dropout(x, rate: float, seed=None):
     but cheaper on the TensorFlow backend: the mask is drawn from 16 random bits per element
     instead of one float32 uniform, so one 32-bit draw decides two elements and the random
     number generation, the largest cost of dropout on a CPU, halves. The drop probability is
-    `rate` rounded to a multiple of 2**-16 (0.1 becomes 0.100006) and the kept elements are
-    scaled by the exact inverse of the keep probability. Other backends use
+    `rate` rounded to a multiple of 2**-16 (0.1 becomes 0.100006), and the kept elements are
+    scaled by the inverse of that keep probability (rounded to the dtype of `x`, so in float16
+    and bfloat16 the expectation is off by up to a rounding step, as with
+    `keras.random.dropout`). Other backends, and rates within 2**-17 of 1, use
     `keras.random.dropout`.
 
     Args:
-        x: float tensor of any shape.
+        x: floating-point tensor of any shape.
         rate: float in [0, 1), the probability of zeroing an element.
         seed: int, `keras.random.SeedGenerator` or `None` (Keras' global generator).
 
     Returns:
         Tensor with the shape and dtype of `x`.
     """
+    try:
+        rate = float(rate)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"Argument `rate` must be a Python float in [0, 1). Received: rate={rate!r}"
+        ) from None
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"Argument `rate` must be in [0, 1). Received: rate={rate}")
     x = ops.convert_to_tensor(x)
+    if not keras.backend.is_float_dtype(x.dtype):
+        raise ValueError(
+            f"Argument `x` must be a floating-point tensor. Received: x.dtype={x.dtype}"
+        )
     threshold = round(rate * _DROPOUT_LEVELS)
+    if keras.backend.backend() != "tensorflow" or threshold >= _DROPOUT_LEVELS:
+        return keras.random.dropout(x, rate, seed=seed) if rate > 0.0 else x
     if threshold == 0:
         return x
-    if keras.backend.backend() != "tensorflow":
-        return keras.random.dropout(x, rate, seed=seed)
     import tensorflow as tf
 
     # A (2,) seed for TensorFlow's stateless generator, drawn the way Keras draws any random
     # tensor from `seed`, so int seeds, seed generators and None behave as in keras.random.
     tf_seed = keras.random.randint((2,), 0, 2**31 - 1, seed=seed, dtype="int32")
-    shape = tf.shape(x)
+    shape = tf.shape(x, out_type=tf.int64)
     last = x.shape[-1] if x.shape.rank else None
     if isinstance(last, int) and last % 2 == 0:
         # Half as many 32-bit words along the last axis; each splits into two 16-bit halves.
+        word_shape = tf.concat([shape[:-1], tf.constant([last // 2], tf.int64)], 0)
         words = tf.random.stateless_uniform(
-            tf.concat([shape[:-1], [last // 2]], 0), tf_seed, minval=None, maxval=None,
-            dtype=tf.uint32,
+            word_shape, tf_seed, minval=None, maxval=None, dtype=tf.uint32
         )
         bits = tf.reshape(tf.bitcast(words, tf.uint16), shape)
     else:
-        size = tf.size(x)
+        size = tf.size(x, out_type=tf.int64)
         words = tf.random.stateless_uniform(
             [(size + 1) // 2], tf_seed, minval=None, maxval=None, dtype=tf.uint32
         )

@@ -172,6 +172,7 @@ def test_mixed_precision_fit_step(policy):
     model = small_model(dropout=0.2)
     logits, weights = decoder_pass(model, SOURCE, TARGET_IN)
     assert logits.dtype == "float32" and weights.dtype == policy.split("_")[1]
+    assert model.get_layer("decoder").output_dense.compute_dtype == policy.split("_")[1]
     model.compile(keras.optimizers.Adam(1e-3), loss=MaskedSequenceLoss())
     target_out = np.concatenate([TARGET_IN[:, 1:], np.zeros((3, 1), "int32")], axis=1)
     history = model.fit([SOURCE, TARGET_IN], target_out, epochs=1, verbose=0)

@@ -392,6 +392,8 @@ def test_mixed_bfloat16_forward_gives_finite_float32_logits():
     model = small_model(norm_first=False)
     assert model.outputs[0].dtype == "float32"
     assert model.get_layer("decoder").blocks[0].ffn.compute_dtype == "bfloat16"
+    # The vocabulary projection runs in bfloat16 too; only its logits are cast to float32.
+    assert model.get_layer("decoder").output_dense.compute_dtype == "bfloat16"
     src = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 11, 12]], "int32")
     tgt = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
     logits = model([src, tgt])

@@ -43,8 +43,7 @@ class AddNorm(keras.layers.Layer):
         self.epsilon = epsilon
         self.seed = seed
         self.supports_masking = True
-        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout",
-                                                  dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout", dtype=self.dtype_policy)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=epsilon, name="layer_norm",
                                                           dtype=self.dtype_policy)
 

@@ -333,8 +333,9 @@ class BahdanauDecoder(keras.layers.Layer):
         )
         cell = BahdanauCell(units, num_layers, dropout, seed, name="cell", dtype=policy)
         self.rnn = keras.layers.RNN(cell, return_sequences=True, name="rnn", dtype=policy)
-        # float32 logits under mixed precision, as the Keras mixed-precision guide advises.
-        self.output_dense = keras.layers.Dense(vocab_size, name="output_dense", dtype="float32")
+        # The vocabulary projection runs in the compute dtype and its logits are cast to
+        # float32 (the Keras mixed-precision guide's advice: a mixed Dense, a float32 softmax).
+        self.output_dense = keras.layers.Dense(vocab_size, name="output_dense", dtype=policy)
 
     @property
     def cell(self) -> BahdanauCell:
@@ -369,7 +370,7 @@ class BahdanauDecoder(keras.layers.Layer):
         initial_state = self.cell.initial_state(encoder_outputs, source_mask)
         embedded = self.embedding(target_ids)  # (B, T, embed_dim)
         outputs = self.rnn(embedded, initial_state=initial_state, training=training)  # (B, T, u)
-        logits = self.output_dense(outputs)  # (B, T, vocab_size)
+        logits = ops.cast(self.output_dense(outputs), "float32")  # (B, T, vocab_size)
         if not return_attention_scores:
             return logits
         # α_{t'} depends on s_{t'-1} only: score the states s_0..s_{T-1} in one batched call.
@@ -410,7 +411,7 @@ class BahdanauDecoder(keras.layers.Layer):
         """
         y_prev = self.embedding(token_ids)  # (B, embed_dim)
         output, states, weights = self.cell.step(y_prev, list(state["cell_states"]))
-        logits = self.output_dense(output)  # (B, vocab_size)
+        logits = ops.cast(self.output_dense(output), "float32")  # (B, vocab_size)
         return logits, {"cell_states": tuple(states)}, weights
 
     def compute_output_shape(self, target_ids_shape, encoder_outputs_shape, source_mask_shape=None):

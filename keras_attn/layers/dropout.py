@@ -13,7 +13,8 @@ class Dropout(keras.layers.Dropout):
 
     Same arguments, config and behaviour as the Keras layer; with TensorFlow as the backend the
     mask costs half the random numbers (16 bits per element), and the drop probability is
-    `rate` rounded to a multiple of 2**-16. With a `noise_shape` it defers to the Keras layer.
+    `rate` rounded to a multiple of 2**-16. With a `noise_shape`, or `rate=1`, it defers to the
+    Keras layer.
 
     Call arguments:
         inputs: tensor of any shape.
@@ -24,6 +25,6 @@ class Dropout(keras.layers.Dropout):
     """
 
     def call(self, inputs, training=False):
-        if training and self.rate > 0 and self.noise_shape is None:
+        if training and 0 < self.rate < 1 and self.noise_shape is None:
             return attn_ops.dropout(inputs, self.rate, seed=self.seed_generator)
         return super().call(inputs, training=training)

@@ -60,8 +60,7 @@ class FFN(keras.layers.Layer):
         self.seed = seed
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
-        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout",
-                                                  dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout", dtype=self.dtype_policy)
 
     def build(self, input_shape):
         if input_shape[-1] is None:

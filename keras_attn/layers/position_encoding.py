@@ -79,8 +79,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         self.max_wavelength = max_wavelength
         self.dropout = dropout
         self.seed = seed
-        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout",
-                                                  dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout", dtype=self.dtype_policy)
         self.supports_masking = True
 
     def build(self, input_shape):

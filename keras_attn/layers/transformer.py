@@ -647,12 +647,14 @@ class TransformerDecoder(_TransformerStack):
             block = TransformerDecoderBlock(**self._block_kwargs(), name=f"block_{i}")
             block.build(embedded_shape, encoder_outputs_shape)
             self.blocks.append(block)
-        # float32 logits whatever the policy, so the softmax and the loss stay exact.
+        # The vocabulary projection, the largest product of the model, runs in the compute
+        # dtype; its logits are cast to float32, so the softmax and the loss run in float32 (the
+        # Keras mixed-precision guide's advice: a mixed Dense, then a float32 softmax).
         self.output_dense = keras.layers.Dense(
             self.vocab_size,
             kernel_initializer=self.kernel_initializer,
             name="output_dense",
-            dtype="float32",
+            dtype=self.dtype_policy,
         )
         self.output_dense.build(embedded_shape)
 
@@ -679,7 +681,7 @@ class TransformerDecoder(_TransformerStack):
                 training=training,
             )  # (B, T, d), (B, H, T, S)
             weights.append(w)
-        logits = self.output_dense(self._finish(x))  # (B, T, V) float32
+        logits = ops.cast(self.output_dense(self._finish(x)), "float32")  # (B, T, V)
         if return_attention_scores:
             return logits, ops.cast(ops.stack(weights, axis=1), "float32")  # (B, L, H, T, S)
         return logits
@@ -741,7 +743,7 @@ class TransformerDecoder(_TransformerStack):
             )  # (B, 1, d), 2 x (B, H, max_length, d_h), (B, H, 1, S)
             self_caches.append(self_cache)
             weights.append(w[:, :, 0, :])  # (B, H, S)
-        logits = self.output_dense(self._finish(x))[:, 0, :]  # (B, V)
+        logits = ops.cast(self.output_dense(self._finish(x))[:, 0, :], "float32")  # (B, V)
         attention = ops.cast(ops.stack(weights, axis=1), "float32")  # (B, L, H, S)
         state = dict(state, self_attention_cache=tuple(self_caches))
         return logits, state, attention
