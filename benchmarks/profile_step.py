@@ -21,8 +21,8 @@ import tempfile
 import time
 
 from _common import header
-
-from bf16_training import build, parse_args as bf16_args, synthetic_batch
+from bf16_training import build, synthetic_batch
+from bf16_training import parse_args as bf16_args
 
 
 def parse_args(argv=None):
