@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from keras_attn import ops as attn_ops
 from keras_attn.layers import Dropout
-from tests.layer_test_utils import run_layer_test
+from layer_test_utils import run_layer_test
 
 
 def _keep_fraction_bounds(rate, n, sigmas=6.0):

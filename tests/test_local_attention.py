@@ -99,6 +99,16 @@ def test_layer_equals_multi_head_with_band_mask(causal):
     assert np.all(to_np(weights)[:, :, ~band[0]] == 0)
 
 
+def test_from_keras_with_a_window_equals_keras_with_a_band_mask():
+    x = np.random.default_rng(4).normal(size=(2, 24, 16)).astype("float32")
+    reference = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)
+    reference(x, x)
+    band = np.abs(np.arange(24)[:, None] - np.arange(24)[None, :]) <= 3
+    want = reference(x, x, attention_mask=np.broadcast_to(band, (2, 24, 24))).numpy()
+    layer = LocalMultiHead.from_keras(reference, window=3)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), want, atol=1e-5)
+
+
 def test_per_query_valid_lens_fall_back_to_dense_band():
     x, lens = rand(2, 6, 6), np.array([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]], "int32")
     local, dense = ka.LocalMultiHead(num_heads=2, key_dim=3, window=1), ka.MultiHead(2, 3)
