@@ -105,7 +105,7 @@ def test_from_keras_with_a_window_equals_keras_with_a_band_mask():
     reference(x, x)
     band = np.abs(np.arange(24)[:, None] - np.arange(24)[None, :]) <= 3
     want = reference(x, x, attention_mask=np.broadcast_to(band, (2, 24, 24))).numpy()
-    layer = LocalMultiHead.from_keras(reference, window=3)
+    layer = ka.LocalMultiHead.from_keras(reference, window=3)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), want, atol=1e-5)
 
 
