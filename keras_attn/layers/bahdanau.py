@@ -91,9 +91,7 @@ class BahdanauEncoder(keras.layers.Layer):
             )
             for i in range(num_layers)
         ]
-        self.dropout_layer = Dropout(
-            dropout, seed=seed, name="dropout", dtype=self.dtype_policy
-        )
+        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout", dtype=self.dtype_policy)
 
     def build(self, source_ids_shape):
         if len(source_ids_shape) != 2:
