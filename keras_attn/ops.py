@@ -349,7 +349,7 @@ def dot_product_attention(
             online softmax, memory `T · chunk_size`, same values and gradients; no dropout in
             training, no weights returned). Defaults to `"dense"`.
         chunk_size: optional int, keys per block when `implementation="chunked"`; `None`
-            sizes blocks to 2**24 scores per head (see `keras_attn.chunked`). Defaults to
+            sizes blocks to 2**25 scores per head (see `keras_attn.chunked`). Defaults to
             `None`.
         valid_lens: optional `(B,)` or `(B, T)` number of valid keys, merged with `mask`; the
             chunked implementation builds it per block, never as `(T, S)`. Defaults to `None`.

@@ -122,7 +122,7 @@ def test_chunked_equals_numpy_reference_values_and_gradients(problem):
 
 def test_auto_chunk_size_keeps_blocks_within_budget():
     assert [auto_chunk_size(t) for t in (1024, 4096, 16384, 32768, 65536, 10**6)] == [
-        16384, 4096, 1024, 512, 256, 128]
+        32768, 8192, 2048, 1024, 512, 128]
     assert auto_chunk_size(None) == 512
 
 

@@ -44,7 +44,7 @@ class MultiHead(BaseAttention):
             block, never as `(T, S)`; it supports neither `dropout > 0` nor
             `return_attention_scores=True`. Defaults to `"dense"`.
         chunk_size: optional int, keys per block for `implementation="chunked"`; `None`
-            sizes blocks to 2**24 scores per head (1024 keys at T = 16k). Defaults to `None`.
+            sizes blocks to 2**25 scores per head (2048 keys at T = 16k). Defaults to `None`.
 
     Call arguments:
         query: `(B, T, dq)`.
