@@ -291,6 +291,47 @@ def test_multi_head_chunked_equals_dense_with_same_weights(masking):
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_multi_head_chunked_padding_masks_equal_dense_without_a_query_by_key_mask(
+        causal, monkeypatch):
+    # Embedding(mask_zero=True) padding on self-attention (passed as `query_mask`, as the
+    # implicit mask would be): the dense path merges a (B, T, S) mask; the chunked path must
+    # give the same numbers from a (B, 1, S) key mask alone.
+    ids = np.array([[5, 3, 7, 2, 9, 4, 0, 0], [6, 1, 8, 0, 0, 0, 0, 0]], "int32")
+    embedding = keras.layers.Embedding(10, 6, mask_zero=True)
+    x = embedding(ids)
+    mask = to_np(embedding.compute_mask(ids))
+    dense, chunked = multi_head_pair()
+    dense(x)
+    chunked(x)
+    chunked.set_weights(dense.get_weights())
+    seen = []
+    real = ka.chunked.chunked_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("mask"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attn_ops, "chunked_dot_product_attention", spy)
+    x_t = tf.constant(to_np(x))
+    results = []
+    for layer in (dense, chunked):
+        with tf.GradientTape() as tape:
+            tape.watch(x_t)
+            out = layer(x_t, query_mask=mask, use_causal_mask=causal)
+            loss = tf.reduce_sum(out * out)
+        grads = tape.gradient(loss, [x_t] + layer.trainable_variables)
+        results.append((to_np(out), [to_np(g) for g in grads]))
+    np.testing.assert_allclose(results[1][0], results[0][0], atol=1e-4)
+    for got, want in zip(results[1][1], results[0][1]):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    (key_mask,) = seen
+    assert key_mask.shape[-2] == 1, key_mask.shape  # (B, 1, 1, S): no query-by-key tensor
+    # Padded queries get the output projection of a zero context: its bias, as in dense.
+    np.testing.assert_allclose(results[1][0][1, 3:], np.broadcast_to(
+        to_np(chunked.output_dense.bias), (5, 7)), atol=1e-6)
+
+
 @pytest.mark.parametrize("masking", ["none", "lens_and_causal"])
 def test_multi_head_dense_fused_path_equals_weights_path(masking):
     """Without returned weights the dense path uses the fused backward: same numbers."""

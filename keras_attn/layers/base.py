@@ -86,18 +86,21 @@ class BaseAttention(keras.layers.Layer):
         value_mask=None,
         key_len=None,
         causal_offset=0,
+        fold_query_mask=True,
     ):
         """Resolve `key`/`value` defaults and merge all masks into one `(B, T, S)` mask.
 
         `key_len` overrides the number of keys (a decoding cache is longer than `key`).
+        With `fold_query_mask=False` the (explicit or implicit) query mask is left out of the
+        merged mask, so a key mask alone stays `(B, 1, S)`; the caller then zeroes the padded
+        queries' outputs itself (see `query_padding_mask`).
         Returns `(key, value, mask)`; `mask` is None when nothing masks.
         """
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
         # Keras implicit masks (e.g. Embedding(mask_zero=True)) ride on the tensors.
-        if query_mask is None:
-            query_mask = getattr(query, "_keras_mask", None)
+        query_mask = self.query_padding_mask(query, query_mask)
         if self_attention:
             key_mask = query_mask
         elif key_mask is None:
@@ -108,12 +111,17 @@ class BaseAttention(keras.layers.Layer):
             valid_lens=valid_lens,
             attention_mask=attention_mask,
             use_causal_mask=use_causal_mask,
-            query_mask=query_mask,
+            query_mask=query_mask if fold_query_mask else None,
             key_mask=key_mask,
             causal_offset=causal_offset,
             batch_size=query.shape[0],
         )
         return key, value, mask
+
+    @staticmethod
+    def query_padding_mask(query, query_mask=None):
+        """The `(B, T)` query mask `prepare` folds in: `query_mask` or the implicit Keras one."""
+        return query_mask if query_mask is not None else getattr(query, "_keras_mask", None)
 
     def call(
         self,

@@ -219,14 +219,19 @@ class MultiHead(BaseAttention):
             structured = self.implementation == "chunked" and not (
                 self.add_bias_kv or self.add_zero_attn
             )
+            # It also takes the query padding mask apart: a (B, T, 1) query mask merged with a
+            # (B, 1, S) key mask would be a (B, T, S) tensor; the padded queries' outputs are
+            # zeroed after attention instead, as the merged mask would have made them.
             key, value, mask = self.prepare(
                 query, key, value, None if structured else valid_lens, attention_mask,
                 use_causal_mask and not structured, query_mask, key_mask, value_mask,
+                fold_query_mask=not structured,
             )
             outputs, weights = self.attend(
                 query, key, value, mask, training, need_weights=return_attention_scores,
                 valid_lens=valid_lens if structured else None,
                 use_causal_mask=structured and use_causal_mask,
+                query_mask=self.query_padding_mask(query, query_mask) if structured else None,
             )
             return (outputs, weights) if return_attention_scores else outputs
         if self.add_bias_kv or self.add_zero_attn:
@@ -261,7 +266,7 @@ class MultiHead(BaseAttention):
         return outputs, (key_cache, value_cache)
 
     def attend(self, query, key, value, mask, training, need_weights=True, valid_lens=None,
-               use_causal_mask=False):
+               use_causal_mask=False, query_mask=None):
         q = self.split_heads(self.query_dense(query), self.key_dim)  # (B, H, T, dk)
         k = self.split_heads(self.key_dense(key), self.key_dim)  # (B, H, S, dk)
         v = self.split_heads(self.value_dense(value), self.value_dim)  # (B, H, S, dv)
@@ -274,10 +279,10 @@ class MultiHead(BaseAttention):
             v = self._append_key(v, ops.zeros((1, 1, 1, self.value_dim), v.dtype))
             mask = self._append_mask(mask)
         return self._heads_attention(q, k, v, mask, training, need_weights, valid_lens,
-                                     use_causal_mask)
+                                     use_causal_mask, query_mask)
 
     def _heads_attention(self, q, k, v, mask, training, need_weights=True, valid_lens=None,
-                         use_causal_mask=False):
+                         use_causal_mask=False, query_mask=None):
         if mask is not None:
             mask = ops.expand_dims(mask, 1)  # (B, 1, T, S): shared by every head
         if self.implementation == "dense" and not need_weights and not (
@@ -302,6 +307,10 @@ class MultiHead(BaseAttention):
             valid_lens=valid_lens,
             use_causal_mask=use_causal_mask,
         )  # (B, H, T, dv), (B, H, T, S) or None when chunked
+        if query_mask is not None:
+            # Padded queries attend to nothing: a zero context (and no gradient), as in dense.
+            rows = ops.cast(query_mask, "bool")[:, None, :, None]  # (B, 1, T, 1)
+            context = ops.where(rows, context, ops.zeros_like(context))
         return self.output_dense(self.merge_heads(context)), weights
 
     @staticmethod
