@@ -4,10 +4,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from layer_test_utils import run_layer_test
 
 from keras_attn import ops as attn_ops
 from keras_attn.layers import Dropout
-from layer_test_utils import run_layer_test
 
 
 def _keep_fraction_bounds(rate, n, sigmas=6.0):
