@@ -44,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="chunked: keys per block (default: the layer's, sized by T)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up")
+    parser.add_argument("--padding", type=float, default=0.0,
+                        help="fraction of the sequence that is padding, passed as a query mask "
+                             "(keys masked alike: self-attention)")
     parser.add_argument("--max-rss-gib", type=float, default=12.0,
                         help="kill a child whose RSS exceeds this (the machine is shared)")
     parser.add_argument("--time-limit", type=float, default=900.0, help="seconds per child")
@@ -67,11 +70,17 @@ def worker(impl: str, length: int, args) -> None:
                           chunk_size=args.chunk_size)
         layer.build((1, length, args.dim))
 
+    masks = {}
+    if args.padding:
+        valid = tf.sequence_mask([round(length * (1.0 - args.padding))], length)  # (1, T)
+        masks = ({"query_mask": valid, "value_mask": valid} if impl == "keras"
+                 else {"query_mask": valid})
+
     @tf.function
     def step(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            y = layer(x, x) if impl == "keras" else layer(x)
+            y = layer(x, x, **masks) if impl == "keras" else layer(x, **masks)
             loss = tf.reduce_sum(y * y)
         return tape.gradient(loss, [x] + layer.trainable_variables)
 
@@ -90,7 +99,8 @@ def worker(impl: str, length: int, args) -> None:
 
 def run_child(impl: str, length: int, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, str(length),
-           "--dim", str(args.dim), "--repeats", str(args.repeats)]
+           "--dim", str(args.dim), "--repeats", str(args.repeats),
+           "--padding", str(args.padding)]
     if args.chunk_size is not None:
         cmd += ["--chunk-size", str(args.chunk_size)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -127,7 +137,9 @@ def main(argv=None) -> None:
     print(f"one subprocess per cell; peak RSS = VmHWM of the child; time = median of "
           f"{args.repeats} runs after a warm-up; chunk_size="
           f"{args.chunk_size or 'the default (auto_chunk_size(T))'}; children killed "
-          f"past {args.max_rss_gib:g} GiB RSS or {args.time_limit:g} s")
+          f"past {args.max_rss_gib:g} GiB RSS or {args.time_limit:g} s"
+          + (f"; last {args.padding:.0%} of every sequence is padding (query mask)"
+             if args.padding else ""))
     print("| T | implementation | peak RSS GiB | baseline RSS GiB | peak - baseline GiB | "
           "time s | time / dense |")
     print("|---|---|---|---|---|---|---|")
