@@ -14,7 +14,7 @@ import math
 import keras
 from keras import ops
 
-from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_positive_int, check_rate
 from keras_attn.chunked import chunked_dot_product_attention
 
 # Added to the scores of masked positions (in float32). Large enough to drive exp() to exactly 0
@@ -227,8 +227,7 @@ def dropout(x, rate: float, seed=None):
         raise ValueError(
             f"Argument `rate` must be a Python float in [0, 1). Received: rate={rate!r}"
         ) from None
-    if not 0.0 <= rate < 1.0:
-        raise ValueError(f"Argument `rate` must be in [0, 1). Received: rate={rate}")
+    check_rate("rate", rate)
     x = ops.convert_to_tensor(x)
     if not keras.backend.is_float_dtype(x.dtype):
         raise ValueError(
