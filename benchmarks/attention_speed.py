@@ -9,6 +9,12 @@ MultiHead / Keras of the medians, and the achieved GFLOP/s (matmul FLOPs of forw
 
     python benchmarks/attention_speed.py
     python benchmarks/attention_speed.py --shapes 32x128x256x8 --modes graph --rounds 41
+    python benchmarks/attention_speed.py --dropout 0.1 --unfused --modes graph
+
+`--dropout RATE` builds both layers with dropout on the attention weights and runs them with
+`training=True`, as in training. `--unfused` also times MultiHead called with
+`return_attention_scores=True`, which takes the path that forms the weights for the caller and
+lets autodiff differentiate the softmax, instead of the fused backward.
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="keys per block for --chunked (default: the layer's, sized by T)")
     parser.add_argument("--gemm-size", type=int, default=2048, help="n of the n x n GEMM")
-    return parser.parse_args(argv)
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout on the attention weights, run with training=True")
+    parser.add_argument("--unfused", action="store_true",
+                        help="also time MultiHead with return_attention_scores=True")
+    args = parser.parse_args(argv)
+    if args.dropout > 0 and args.chunked:
+        parser.error("--chunked does not support --dropout (the chunked path has no dropout)")
+    return args
 
 
 def attention_flops(batch: int, length: int, dim: int, heads: int) -> float:
@@ -45,14 +58,20 @@ def attention_flops(batch: int, length: int, dim: int, heads: int) -> float:
     return 3.0 * (projections + attention)
 
 
-def make_step(layer, x, jit_compile: bool, keras_layer: bool):
+def make_step(layer, x, jit_compile: bool, keras_layer: bool, training: bool = False,
+              with_weights: bool = False):
     import tensorflow as tf
 
     @tf.function(jit_compile=jit_compile)
     def step(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            y = layer(x, x) if keras_layer else layer(x)
+            if keras_layer:
+                y = layer(x, x, training=training)
+            elif with_weights:
+                y, _ = layer(x, training=training, return_attention_scores=True)
+            else:
+                y = layer(x, training=training)
             loss = tf.reduce_sum(y * y)
         return tape.gradient(loss, [x] + layer.trainable_variables)
 
@@ -60,7 +79,7 @@ def make_step(layer, x, jit_compile: bool, keras_layer: bool):
 
 
 def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int,
-              gemm_size: int) -> list[str]:
+              gemm_size: int, dropout: float = 0.0, unfused: bool = False) -> list[str]:
     import keras
     import numpy as np
     import tensorflow as tf
@@ -71,22 +90,26 @@ def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int
     if dim % heads:
         raise ValueError(f"Argument `--shapes`: heads must divide dim. Received: {spec}")
     x = tf.random.normal((batch, length, dim))
-    reference = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)
+    reference = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=dim // heads,
+                                                dropout=dropout)
     reference(x, x)  # build
     contenders = {"keras": reference, "MultiHead": MultiHead.from_keras(reference)}
+    if unfused:
+        contenders["unfused"] = contenders["MultiHead"]
     if with_chunked:
         contenders["chunked"] = MultiHead.from_keras(reference, implementation="chunked",
                                                    chunk_size=chunk_size)
     want = reference(x, x).numpy()
     for name, layer in contenders.items():
-        if name != "keras":
+        if name not in ("keras", "unfused"):
             err = float(np.max(np.abs(layer(x).numpy() - want)))
             assert err < 1e-4, f"{name} differs from Keras by {err}"
     matmul, gemm_flops = gemm(gemm_size)
     flops = attention_flops(batch, length, dim, heads)
     rows = []
     for mode in modes:
-        fns = {name: make_step(layer, x, mode == "xla", name == "keras")
+        fns = {name: make_step(layer, x, mode == "xla", name == "keras", dropout > 0,
+                               name == "unfused")
                for name, layer in contenders.items()}
         fns["gemm"] = matmul
         times = time_alternating(fns, rounds)
@@ -97,8 +120,9 @@ def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int
             rate = flops / med[name] / 1e9
             cells += [f"{med[name] * 1e3:.1f}", f"{rate:.0f} ({100 * rate / gemm_rate:.0f}%)"]
         cells.append(f"**{med['MultiHead'] / med['keras']:.2f}**")
-        if with_chunked:
-            cells.append(f"{med['chunked'] / med['keras']:.2f}")
+        for extra in ("unfused", "chunked"):
+            if extra in contenders:
+                cells.append(f"{med[extra] / med['keras']:.2f}")
         rows.append("| " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
     return rows
@@ -109,18 +133,21 @@ def main(argv=None) -> None:
     header("MultiHead vs keras.layers.MultiHeadAttention, forward + backward (float32)")
     print(f"rounds: {args.rounds} per shape and mode (medians); GEMM: {args.gemm_size}^3 "
           "float32 under tf.function, timed in the same rounds"
-          + (f"; chunked: chunk_size={args.chunk_size}" if args.chunked else ""))
-    names = ["keras", "MultiHead"] + (["chunked"] if args.chunked else [])
+          + (f"; chunked: chunk_size={args.chunk_size}" if args.chunked else "")
+          + (f"; dropout {args.dropout}, training=True" if args.dropout > 0 else "")
+          + ("; unfused: MultiHead with return_attention_scores=True" if args.unfused else ""))
+    names = (["keras", "MultiHead"] + (["unfused"] if args.unfused else [])
+             + (["chunked"] if args.chunked else []))
     columns = ["shape", "mode", "GEMM GFLOP/s"]
     for name in names:
         columns += [f"{name} ms", f"{name} GFLOP/s (% GEMM)"]
     columns.append("MultiHead / keras")
-    if args.chunked:
-        columns.append("chunked / keras")
+    columns += [f"{name} / keras" for name in names[2:]]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for spec in args.shapes:
-        run_shape(spec, args.modes, args.rounds, args.chunked, args.chunk_size, args.gemm_size)
+        run_shape(spec, args.modes, args.rounds, args.chunked, args.chunk_size, args.gemm_size,
+                  args.dropout, args.unfused)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ one of each shape, `(BH, T, T) x (BH, T, d)` and friends, under `tf.function` an
 `jit_compile=True`, in alternating rounds. It shows where XLA on this CPU loses to the
 TensorFlow (oneDNN) kernels: the product whose big left operand is contracted over its first
 axis (`Pᵀ dO`), which keras.layers.MultiHeadAttention and MultiHead both need in the backward.
+The last row is the form MultiHead's backward uses for it, `(dOᵀ P)ᵀ` with the inner product
+behind `keras_attn.chunked.xla_barrier`.
 
     python benchmarks/xla_products.py
     python benchmarks/xla_products.py --batch-heads 256 --length 128
@@ -30,6 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     import tensorflow as tf
 
+    from keras_attn.chunked import xla_barrier
+
     args = parse_args(argv)
     header("Attention's batched products: tf.function vs XLA (float32)")
     n, t, d = args.batch_heads, args.length, args.depth
@@ -42,6 +46,10 @@ def main(argv=None) -> None:
         "context P V (T,S)x(S,d)": lambda: tf.matmul(weights, small),
         "dS K, same form as P V": lambda: tf.matmul(weights, other),
         "Pᵀ dO (S,T)x(T,d)": lambda: tf.matmul(weights, small, transpose_a=True),
+        # What keras_attn computes instead: (dOᵀ P)ᵀ, the product kept as written under XLA by
+        # an optimization barrier (XLA would otherwise fold it back into the form above).
+        "(dOᵀ P)ᵀ behind xla_barrier": lambda: tf.transpose(
+            xla_barrier(tf.matmul(small, weights, transpose_a=True)), (0, 2, 1)),
     }
     fns = {}
     for name, fn in products.items():

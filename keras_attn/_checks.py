@@ -36,6 +36,17 @@ def check_rate(name: str, value) -> None:
         _fail(name, "a float in [0, 1)", value)
 
 
+def as_rate(name: str, value) -> float:
+    """`value` as a Python float in [0, 1): anything `float()` takes (NumPy scalars, 0-d
+    arrays), else the ValueError of `check_rate`."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        _fail(name, "a float in [0, 1)", value)
+    check_rate(name, value)
+    return value
+
+
 def check_bool(name: str, value) -> None:
     """Raise unless `value` is a bool."""
     if not isinstance(value, bool):

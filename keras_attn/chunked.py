@@ -23,8 +23,10 @@ block at a time; key blocks past the longest sequence are skipped. A dense boole
 accepted too (it is sliced per block), for masks that have no such structure.
 
 Everything is written with `keras.ops` (`custom_gradient`, `fori_loop`, `slice`,
-`slice_update`) except one TensorFlow-specific line, `_fori_loop`'s `parallel_iterations=2`,
-without which TensorFlow keeps ten blocks in flight (documented there).
+`slice_update`) except two TensorFlow-specific pieces: `_fori_loop`'s `parallel_iterations=2`,
+without which TensorFlow keeps ten blocks in flight, and `xla_barrier`, which under
+`jit_compile=True` keeps XLA from rewriting a product into a form its CPU kernels run slowly
+(both documented where they are defined; with other backends they do nothing).
 
 Not supported here (use the dense implementation): dropout on the attention weights (a block's
 dropout mask would have to be regenerated identically in the backward pass, which Keras' seeded
@@ -35,11 +37,12 @@ implementation exists to avoid).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import keras
 from keras import ops
 
-from keras_attn._checks import check_positive_int
+from keras_attn._checks import as_rate, check_positive_int
 
 # Same masking constant as keras_attn.ops (in float32): exp() of it is exactly 0 next to any
 # real score, and `score - max` never overflows.
@@ -238,10 +241,69 @@ def _matmul(a, b):
     return out
 
 
+def _in_xla_context() -> bool:
+    """Whether the ops being traced will be compiled by XLA (TensorFlow's `jit_compile=True`).
+
+    Reads TensorFlow's own check (`control_flow_util.GraphOrParentsInXlaContext`, the one its
+    gradient code uses), which is not public API: if it moves, this reads as "no XLA".
+    """
+    if keras.backend.backend() != "tensorflow":
+        return False
+    try:
+        import tensorflow as tf
+        from tensorflow.python.ops import control_flow_util
+
+        if tf.executing_eagerly():
+            return False
+        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    except (ImportError, AttributeError):  # a moved private API must not break attention
+        return False
+
+
+def xla_barrier(x: Any) -> Any:
+    """`x` itself; under XLA, `x` behind an optimization barrier, in both passes.
+
+    XLA may not fuse or rewrite across the barrier, so `x` is materialized as it is written:
+    a boundary where a layout change (a transpose between `(B, T, H·d)` and `(B, H, T, d)`)
+    is done once instead of being folded into the products on either side, which XLA's CPU
+    kernels run slower (`benchmarks/RESULTS.md`). The gradient passes through a barrier too.
+    Outside an XLA compilation, and with other backends, nothing is added.
+
+    Args:
+        x: a tensor.
+
+    Returns:
+        A tensor equal to `x`.
+    """
+    if not _in_xla_context():
+        return x
+    import tensorflow as tf
+
+    try:
+        from tensorflow.compiler.tf2xla.ops import gen_xla_ops
+    except ImportError:  # not public API either: without it, no barrier
+        return x
+
+    def barrier(t):
+        return gen_xla_ops.xla_optimization_barrier([t])[0]
+
+    @tf.custom_gradient
+    def identity(t):
+        # The gradient is this function again, so that it can be differentiated in turn.
+        return barrier(t), identity
+
+    return identity(x)
+
+
 def _matmul_at(a, b):
     """`aᵀ @ b` for a tall `a` `(..., n, m)`, as `(bᵀ a)ᵀ`: the big operand is read in its
-    stored order (a transposed big operand is the slow case of the CPU kernels)."""
-    return ops.swapaxes(_matmul(ops.swapaxes(b, -1, -2), a), -1, -2)
+    stored order (a transposed big operand is the slow case of the CPU kernels).
+
+    XLA folds the outer transpose back into a product with `a` transposed, the form its CPU
+    kernel runs about 3x slower than `bᵀ a` (`benchmarks/xla_products.py`: 55.4 against 18.4
+    ms at 32 x 1024 x 1024 x 32); a barrier on `bᵀ a` keeps the fast form.
+    """
+    return ops.swapaxes(xla_barrier(_matmul(ops.swapaxes(b, -1, -2), a)), -1, -2)
 
 
 def _block_scores(q_rows, k_block, block_mask):
@@ -371,13 +433,21 @@ def _backward_rows(q_rows, k, v, d_out, delta, lse, blocking, row_start, dk, dv)
     return _fori_loop(num_blocks, body, init)
 
 
-def _single_block_fn(blocking):
+def _single_block_fn(blocking, dropout_rate: float = 0.0, seed=None):
     """All keys and queries in one block: the `(..., T, S)` weights fit, so keep them.
 
     Dense attention with a fused backward: the forward pass stores the weights `P` (one fused
     softmax), the backward pass uses `dS = P ⊙ (dO Vᵀ - rowsum(dO ⊙ O))` and recomputes
     nothing. That is fewer passes over the `(T, S)` matrix than differentiating the softmax
     (`rowsum(dP ⊙ P)` reads two `(T, S)` tensors; `rowsum(dO ⊙ O)` reads two `(T, dv)` ones).
+
+    With dropout, `O = D V` for the dropped weights `D = M ⊙ P · s` (mask `M`, scale `s`, about
+    `1 / (1 - rate)`: `keras_attn.ops.dropout`'s). Then `dP = M ⊙ dD · s` with `dD = dO Vᵀ`, and
+    `rowsum(dP ⊙ P) = rowsum(dD ⊙ D) = rowsum(dO ⊙ O)`, so `dS = P ⊙ (dP - rowsum(dO ⊙ O))`,
+    the same form, and `P ⊙ dP = D ⊙ dD`. In float32 that last product is used as it is; a 16-bit
+    `D` (kept for `dV = Dᵀ dO`) is `P` rounded, so there the mask is read back from `D` instead:
+    where `D` is 0, either the weight was dropped or `P` itself is 0 (masked, or below the 16-bit
+    range), and `P ⊙ dP` is 0 either way.
     """
 
     @ops.custom_gradient
@@ -390,7 +460,12 @@ def _single_block_fn(blocking):
             weights = ops.ones_like(scores)
         else:
             weights = ops.softmax(scores, axis=-1)  # (..., T, S) float32
-        outputs = _matmul(ops.cast(weights, v.dtype), v)  # (..., T, dv)
+        attended = ops.cast(weights, v.dtype)  # (..., T, S), P or D
+        if dropout_rate > 0.0:
+            from keras_attn.ops import dropout  # keras_attn.ops imports this module
+
+            attended = dropout(attended, dropout_rate, seed=seed)
+        outputs = _matmul(attended, v)  # (..., T, dv)
         has_keys = None
         if block_mask is not None:
             # A row with nothing to attend to softmaxes to uniform over -1e30: zero its output
@@ -406,10 +481,28 @@ def _single_block_fn(blocking):
                 d_out = ops.where(has_keys, d_out, ops.zeros_like(d_out))
             delta = ops.sum(ops.cast(d_out, "float32") * ops.cast(outputs, "float32"), axis=-1,
                             keepdims=True)  # (..., T, 1)
-            probs = ops.cast(weights, v.dtype)
-            d_v = _matmul_at(probs, d_out)  # (..., S, dv)
-            d_probs = _matmul(d_out, ops.swapaxes(v, -1, -2))  # (..., T, S)
-            d_scores = ops.cast(weights * (ops.cast(d_probs, "float32") - delta), q.dtype)
+            if dropout_rate == 0.0:
+                # Cast again rather than keep a 16-bit copy of P alive until the backward pass.
+                attended_again = ops.cast(weights, v.dtype)
+            else:
+                attended_again = attended  # the dropped weights: they hold the mask
+            d_v = _matmul_at(attended_again, d_out)  # (..., S, dv)
+            d_attended = ops.cast(_matmul(d_out, ops.swapaxes(v, -1, -2)), "float32")
+            if dropout_rate == 0.0:
+                d_scores = weights * (d_attended - delta)  # (..., T, S)
+            elif ops.dtype(attended_again) == "float32":
+                # P ⊙ dP = D ⊙ dD: two products instead of reading the mask back.
+                d_scores = attended_again * d_attended - weights * delta
+            else:
+                # A 16-bit D is P rounded: read the mask back instead, so that P ⊙ dP and
+                # P ⊙ rowsum(dO ⊙ O) cancel in float32 as they should.
+                from keras_attn.ops import _dropout_scale
+
+                # s as dropout applied it (rounded to the value dtype).
+                scale = ops.cast(ops.cast(_dropout_scale(dropout_rate), v.dtype), "float32")
+                d_probs = ops.where(attended_again != 0, d_attended * scale, 0.0)
+                d_scores = weights * (d_probs - delta)
+            d_scores = ops.cast(d_scores, q.dtype)
             d_q = _matmul(d_scores, k)  # (..., T, d)
             d_k = _matmul_at(d_scores, q)  # (..., S, d)
             return d_q, ops.cast(d_k, k.dtype), ops.cast(d_v, v.dtype)
@@ -527,6 +620,8 @@ def fused_dot_product_attention(
     causal: bool = False,
     causal_offset=0,
     scale: float | None = None,
+    dropout_rate: float = 0.0,
+    seed: int | keras.random.SeedGenerator | None = None,
 ):
     """Dense attention, `softmax(Q Kᵀ · scale) V`, with a fused backward pass.
 
@@ -534,8 +629,14 @@ def fused_dot_product_attention(
     `keras_attn.ops.dot_product_attention`, and kept for the backward pass, which computes
     `dS = P ⊙ (dO Vᵀ - rowsum(dO ⊙ O))` instead of differentiating the softmax: fewer passes
     over the `(T, S)` matrix, so forward + backward is faster at the same memory. For when
-    the weights themselves are not wanted and there is no dropout on them (`MultiHead` uses
-    it then). Masks as in `chunked_dot_product_attention`.
+    the weights themselves are not wanted (`MultiHead` uses it then). Masks as in
+    `chunked_dot_product_attention`.
+
+    Dropout on the weights (`dropout_rate > 0`, what `dot_product_attention(...,
+    training=True)` applies) uses `keras_attn.ops.dropout` on the weights in the dtype of
+    `value`, so the same `seed` drops the same weights as `dot_product_attention`; the
+    backward pass then uses `dS = P ⊙ (dP - rowsum(dO ⊙ O))` with `dP = M ⊙ (dO Vᵀ) · s` for the
+    dropout mask `M` and scale `s`, and keeps the dropped weights as well as `P`.
 
     Args:
         query: `(..., T, d)`.
@@ -547,6 +648,10 @@ def fused_dot_product_attention(
         causal: bool, query `i` sees keys `j <= i + causal_offset`. Defaults to `False`.
         causal_offset: int or scalar int tensor. Defaults to `0`.
         scale: float multiplying the scores. Defaults to `1 / sqrt(d)`.
+        dropout_rate: float in [0, 1), the probability of dropping each weight; `0` means no
+            dropout (callers pass `0` outside training). Defaults to `0.0`.
+        seed: int, `keras.random.SeedGenerator` or `None`, the dropout's seed, as in
+            `keras_attn.ops.dropout`. Defaults to `None`.
 
     Returns:
         Outputs `(..., T, dv)` in the dtype of `value`; rows with nothing to attend to are
@@ -560,10 +665,11 @@ def fused_dot_product_attention(
         Dao et al., 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with
         IO-Awareness", https://arxiv.org/abs/2205.14135 (the backward pass, Algorithm 4)
     """
+    dropout_rate = as_rate("dropout_rate", dropout_rate)
     query, key, value, dense, row_lens = _prepare(query, key, value, mask, valid_lens, scale)
     blocking = _Blocking(query, _num_rows(key), None, None, dense, row_lens, bool(causal),
                          ops.cast(causal_offset, "int32"), single=True)
-    return _single_block_fn(blocking)(query, key, value)
+    return _single_block_fn(blocking, dropout_rate, seed)(query, key, value)
 
 
 def chunked_dot_product_attention(

@@ -14,7 +14,7 @@ import math
 import keras
 from keras import ops
 
-from keras_attn._checks import check_positive_int, check_rate
+from keras_attn._checks import as_rate, check_positive_int
 from keras_attn.chunked import chunked_dot_product_attention
 
 # Added to the scores of masked positions (in float32). Large enough to drive exp() to exactly 0
@@ -199,6 +199,16 @@ def _expand_mask_to(mask, rank: int):
 _DROPOUT_LEVELS = 65536
 
 
+def _dropout_scale(rate: float) -> float:
+    """The factor `dropout(x, rate)` multiplies kept elements by, before rounding to x's dtype:
+    the inverse of the keep probability of the 16-bit mask, or `1 / (1 - rate)` where
+    `keras.random.dropout` draws the mask."""
+    threshold = round(rate * _DROPOUT_LEVELS)
+    if keras.backend.backend() != "tensorflow" or threshold >= _DROPOUT_LEVELS:
+        return 1.0 / (1.0 - rate)
+    return _DROPOUT_LEVELS / (_DROPOUT_LEVELS - threshold)
+
+
 def dropout(x, rate: float, seed=None):
     """Inverted dropout: zero each element with probability `rate`, scale the rest up.
 
@@ -221,13 +231,7 @@ def dropout(x, rate: float, seed=None):
     Returns:
         Tensor with the shape and dtype of `x`.
     """
-    try:
-        rate = float(rate)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"Argument `rate` must be a Python float in [0, 1). Received: rate={rate!r}"
-        ) from None
-    check_rate("rate", rate)
+    rate = as_rate("rate", rate)
     x = ops.convert_to_tensor(x)
     if not keras.backend.is_float_dtype(x.dtype):
         raise ValueError(
@@ -259,8 +263,7 @@ def dropout(x, rate: float, seed=None):
         )
         bits = tf.reshape(tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size], shape)
     keep = bits >= tf.constant(threshold, tf.uint16)
-    scale = _DROPOUT_LEVELS / (_DROPOUT_LEVELS - threshold)
-    return tf.where(keep, x * tf.cast(scale, x.dtype), tf.zeros((), x.dtype))
+    return tf.where(keep, x * tf.cast(_dropout_scale(rate), x.dtype), tf.zeros((), x.dtype))
 
 
 def masked_softmax(scores, mask=None, valid_lens=None, axis: int = -1):

@@ -19,6 +19,7 @@ from keras_attn.chunked import (
     auto_chunk_size,
     chunked_dot_product_attention,
     fused_dot_product_attention,
+    xla_barrier,
 )
 
 
@@ -184,6 +185,74 @@ def test_compiled_dynamic_shapes_and_xla_equal_eager():
         np.testing.assert_allclose(to_np(out), to_np(eager_out), atol=1e-5)
         for got, want in zip(grads, eager_grads):
             np.testing.assert_allclose(to_np(got), to_np(want), atol=1e-5)
+
+
+def test_xla_barrier_is_identity_with_identity_gradient_and_only_under_xla():
+    x = tf.constant(np.random.default_rng(4).normal(size=(2, 5)).astype("float32"))
+
+    def fn(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = xla_barrier(x * 3.0)
+            loss = tf.reduce_sum(y * y)
+        return y, tape.gradient(loss, x)
+
+    def barriers(compiled):
+        graph = compiled.get_concrete_function(x).graph
+        return sum(op.type == "XlaOptimizationBarrier" for op in graph.get_operations())
+
+    xla, graph = tf.function(fn, jit_compile=True), tf.function(fn)
+    assert barriers(xla) == 2  # forward and backward
+    assert barriers(graph) == 0
+    assert xla_barrier(x) is x  # eager: nothing added
+    for compiled in (xla, graph):
+        y, grad = compiled(x)
+        np.testing.assert_allclose(to_np(y), 3.0 * to_np(x), rtol=1e-6)
+        np.testing.assert_allclose(to_np(grad), 18.0 * to_np(x), rtol=1e-6)
+
+
+def test_xla_barrier_second_order_gradient_under_xla():
+    x = tf.constant([0.5, -1.0, 2.0])
+
+    @tf.function(jit_compile=True)
+    def second(x):
+        with tf.GradientTape() as outer:
+            outer.watch(x)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                y = tf.reduce_sum(xla_barrier(x) ** 3)
+            grad = inner.gradient(y, x)  # 3 x²
+        return grad, outer.gradient(grad, x)  # 6 x
+
+    grad, hess = second(x)
+    np.testing.assert_allclose(to_np(grad), 3 * to_np(x) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(to_np(hess), 6 * to_np(x), rtol=1e-6)
+
+
+def test_fused_backward_under_xla_equals_numpy():
+    """The transposed products of the backward (dV = Pᵀ dO, dK = dSᵀ Q) sit behind a barrier
+    under XLA; values and gradients still follow the formulas."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.normal(size=(2, 3, 6, 4)).astype("float32") for _ in range(3))
+    g = rng.normal(size=(2, 3, 6, 4)).astype("float32")
+    allowed = np.broadcast_to(np_structured_mask(2, 6, 6, [6, 2], causal=True)[:, None],
+                              (2, 3, 6, 6))
+
+    @tf.function(jit_compile=True)
+    def run(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = fused_dot_product_attention(q, k, v, valid_lens=tf.constant([6, 2]),
+                                              causal=True)
+            loss = tf.reduce_sum(out * g)
+        return out, tape.gradient(loss, [q, k, v])
+
+    out, grads = run(*(tf.constant(a) for a in (q, k, v)))
+    assert "XlaOptimizationBarrier" in {
+        op.type for op in run.get_concrete_function(
+            *(tf.constant(a) for a in (q, k, v))).graph.get_operations()}
+    ref_out, ref_grads = np_attention_and_grads(q, k, v, allowed, g)
+    check_against_numpy(out, grads, ref_out, ref_grads)
 
 
 @pytest.mark.parametrize("dtype,atol", [("float16", 5e-3), ("bfloat16", 3e-2)])
@@ -352,6 +421,83 @@ def test_multi_head_dense_fused_path_equals_weights_path(masking):
         results.append([to_np(out)] + [to_np(grad) for grad in grads])
     for fused, reference in zip(results[1], results[0]):
         np.testing.assert_allclose(fused, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("masking", ["none", "lens_and_causal"])
+def test_multi_head_fused_dropout_equals_weights_path(masking):
+    """In training the fused path drops the same weights as the weights path (same seed) and
+    its hand-written backward (dS = D ⊙ dD - P ⊙ rowsum(dO ⊙ O)) equals autodiff's."""
+    rng = np.random.default_rng(9)
+    x = tf.constant(rng.normal(size=(2, 6, 8)).astype("float32"))
+    layers = [ka.MultiHead(num_heads=2, key_dim=3, dropout=0.4, seed=11) for _ in range(2)]
+    for layer in layers:
+        layer(x)
+    layers[1].set_weights(layers[0].get_weights())
+    call = {}
+    if masking != "none":
+        call = {"valid_lens": np.array([6, 0]), "use_causal_mask": True}
+    results = [[], []]
+    for _ in range(2):  # a second call draws new masks, the same on both paths
+        for result, layer, with_weights in zip(results, layers, (True, False)):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                out = layer(x, return_attention_scores=with_weights, training=True, **call)
+                out = out[0] if with_weights else out
+                loss = tf.reduce_sum(out * tf.range(8, dtype="float32"))
+            grads = tape.gradient(loss, [x] + layer.trainable_variables)
+            result.append([to_np(out)] + [to_np(grad) for grad in grads])
+    for call_fused, call_reference in zip(results[1], results[0]):
+        for fused, reference in zip(call_fused, call_reference):  # key bias grads: 0 ± rounding
+            np.testing.assert_allclose(fused, reference, rtol=1e-5, atol=5e-5)
+    # Dropout did act (without it the outputs differ) and the two calls' masks differ.
+    plain = to_np(layers[1](x, training=False, **call))
+    assert np.max(np.abs(plain - results[1][0][0])) > 1e-2
+    assert np.max(np.abs(results[1][1][0] - results[1][0][0])) > 1e-2
+
+
+# bfloat16 gradients: the reference differentiates the softmax in bfloat16 steps; eager and XLA
+# reference gradients differ from each other by up to 0.016 (two steps of bfloat16 at 1).
+@pytest.mark.parametrize("dtype,atol", [("float32", 1e-5), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+def test_fused_dropout_equals_dot_product_attention(dtype, atol, mode):
+    """Same dropped weights from the same seed, and the hand-written backward equals autodiff
+    through dot_product_attention's dropout, with a sequence that has no key at all."""
+    rng = np.random.default_rng(10)
+    q, k, v = (tf.cast(rng.normal(size=(2, 3, 7, 4)).astype("float32"), dtype)
+               for _ in range(3))
+    g = tf.constant(rng.normal(size=(2, 3, 7, 4)).astype("float32"))
+    lens = tf.constant([5, 0])
+    generators = [keras.random.SeedGenerator(5), keras.random.SeedGenerator(5)]
+
+    def run(fused: bool):
+        def fn(q, k, v):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                if fused:
+                    out = fused_dot_product_attention(q, k, v, valid_lens=lens, causal=True,
+                                                      dropout_rate=0.3, seed=generators[0])
+                else:
+                    out = attn_ops.dot_product_attention(
+                        q, k, v, valid_lens=lens, use_causal_mask=True, dropout_rate=0.3,
+                        training=True, seed=generators[1])[0]
+                loss = tf.reduce_sum(tf.cast(out, "float32") * g)
+            return [out] + tape.gradient(loss, [q, k, v])
+        if mode != "eager":
+            fn = tf.function(fn, jit_compile=mode == "xla")
+        return fn
+
+    fused_fn, reference_fn = run(True), run(False)
+    for _ in range(2):  # the generators advance alike: the second call's masks agree too
+        fused, reference = fused_fn(q, k, v), reference_fn(q, k, v)
+        assert keras.backend.standardize_dtype(fused[0].dtype) == dtype
+        np.testing.assert_array_equal(to_np(fused[0])[1], 0.0)  # no keys: zero output
+        # Same dropped weights, same product: outputs and dV agree to float32 rounding.
+        for got, want in (fused[0], reference[0]), (fused[3], reference[3]):
+            np.testing.assert_allclose(to_np(got), to_np(want), atol=1e-6)
+        for got, want in zip(fused[1:3], reference[1:3]):
+            np.testing.assert_allclose(to_np(got), to_np(want), atol=atol)
+    with pytest.raises(ValueError, match="dropout_rate"):
+        fused_dot_product_attention(q, k, v, dropout_rate=1.0)
 
 
 def test_multi_head_chunked_cached_decoding_equals_full_sequence():

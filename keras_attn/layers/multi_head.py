@@ -8,7 +8,7 @@ from keras import ops
 
 from keras_attn import ops as attn_ops
 from keras_attn._checks import check_bool
-from keras_attn.chunked import fused_dot_product_attention
+from keras_attn.chunked import fused_dot_product_attention, xla_barrier
 from keras_attn.layers.base import BaseAttention, check_positive_int
 
 
@@ -161,16 +161,20 @@ class MultiHead(BaseAttention):
             self.bias_k = self.add_weight(name="bias_k", shape=(heads_k,), initializer="zeros")
             self.bias_v = self.add_weight(name="bias_v", shape=(heads_v,), initializer="zeros")
 
+    # Under XLA the head split and merge are kept as transposes of their own (`xla_barrier`):
+    # folded into the neighbouring products they make XLA's CPU kernels about 15% slower
+    # (B32 T128 d256 h8 forward + backward, benchmarks/RESULTS.md). Elsewhere no-ops.
+
     def split_heads(self, x, depth: int):
         """`(B, T, H * depth)` -> `(B, H, T, depth)`."""
-        x = ops.reshape(x, ops.shape(x)[:-1] + (self.num_heads, depth))  # (B, T, H, depth)
-        return ops.transpose(x, (0, 2, 1, 3))  # (B, H, T, depth)
+        x = ops.reshape(xla_barrier(x), ops.shape(x)[:-1] + (self.num_heads, depth))
+        return xla_barrier(ops.transpose(x, (0, 2, 1, 3)))  # (B, H, T, depth)
 
     def merge_heads(self, x):
         """`(B, H, T, depth)` -> `(B, T, H * depth)`."""
         x = ops.transpose(x, (0, 2, 1, 3))  # (B, T, H, depth)
         shape = ops.shape(x)
-        return ops.reshape(x, shape[:2] + (shape[2] * shape[3],))  # (B, T, H * depth)
+        return xla_barrier(ops.reshape(x, shape[:2] + (shape[2] * shape[3],)))
 
     def compute_cache(self, key, value=None):
         """Project fixed keys/values once, e.g. the encoder outputs for cross-attention.
@@ -285,13 +289,13 @@ class MultiHead(BaseAttention):
                          use_causal_mask=False, query_mask=None):
         if mask is not None:
             mask = ops.expand_dims(mask, 1)  # (B, 1, T, S): shared by every head
-        if self.implementation == "dense" and not need_weights and not (
-            training and self.dropout > 0
-        ):
+        if self.implementation == "dense" and not need_weights:
             # The same dense attention with a fused backward (dS = P (dP - rowsum(dO O)), no
             # softmax Jacobian): fewer passes over (B, H, T, S), about 10-20% faster overall.
+            # Its dropout draws the mask dot_product_attention would draw from the same seed.
             context = fused_dot_product_attention(
-                q, k, v, mask=mask, valid_lens=valid_lens, causal=use_causal_mask
+                q, k, v, mask=mask, valid_lens=valid_lens, causal=use_causal_mask,
+                dropout_rate=self.dropout if bool(training) else 0.0, seed=self.seed_generator,
             )  # (B, H, T, dv)
             return self.output_dense(self.merge_heads(context)), None
         context, weights = attn_ops.dot_product_attention(
