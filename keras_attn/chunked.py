@@ -28,9 +28,10 @@ without which TensorFlow keeps ten blocks in flight, and `xla_barrier`, which un
 `jit_compile=True` keeps XLA from rewriting a product into a form its CPU kernels run slowly
 (both documented where they are defined; with other backends they do nothing).
 
-Not supported here (use the dense implementation): dropout on the attention weights (a block's
-dropout mask would have to be regenerated identically in the backward pass, which Keras' seeded
-random ops cannot do portably) and returning the `(T, S)` weights (that is the matrix this
+Not supported by the blockwise path (use the dense implementation): dropout on the attention
+weights (a block's dropout mask would have to be regenerated identically in the backward pass,
+which Keras' seeded random ops cannot do portably; `fused_dot_product_attention`, one block
+kept whole, does take dropout) and returning the `(T, S)` weights (that is the matrix this
 implementation exists to avoid).
 """
 
@@ -481,18 +482,16 @@ def _single_block_fn(blocking, dropout_rate: float = 0.0, seed=None):
                 d_out = ops.where(has_keys, d_out, ops.zeros_like(d_out))
             delta = ops.sum(ops.cast(d_out, "float32") * ops.cast(outputs, "float32"), axis=-1,
                             keepdims=True)  # (..., T, 1)
-            if dropout_rate == 0.0:
-                # Cast again rather than keep a 16-bit copy of P alive until the backward pass.
-                attended_again = ops.cast(weights, v.dtype)
-            else:
-                attended_again = attended  # the dropped weights: they hold the mask
-            d_v = _matmul_at(attended_again, d_out)  # (..., S, dv)
+            # Without dropout, P cast again rather than a 16-bit copy kept since the forward
+            # pass; with it, the dropped weights D, which hold the mask.
+            kept = ops.cast(weights, v.dtype) if dropout_rate == 0.0 else attended
+            d_v = _matmul_at(kept, d_out)  # (..., S, dv)
             d_attended = ops.cast(_matmul(d_out, ops.swapaxes(v, -1, -2)), "float32")
             if dropout_rate == 0.0:
                 d_scores = weights * (d_attended - delta)  # (..., T, S)
-            elif ops.dtype(attended_again) == "float32":
+            elif ops.dtype(kept) == "float32":
                 # P ⊙ dP = D ⊙ dD: two products instead of reading the mask back.
-                d_scores = attended_again * d_attended - weights * delta
+                d_scores = kept * d_attended - weights * delta
             else:
                 # A 16-bit D is P rounded: read the mask back instead, so that P ⊙ dP and
                 # P ⊙ rowsum(dO ⊙ O) cancel in float32 as they should.
@@ -500,7 +499,7 @@ def _single_block_fn(blocking, dropout_rate: float = 0.0, seed=None):
 
                 # s as dropout applied it (rounded to the value dtype).
                 scale = ops.cast(ops.cast(_dropout_scale(dropout_rate), v.dtype), "float32")
-                d_probs = ops.where(attended_again != 0, d_attended * scale, 0.0)
+                d_probs = ops.where(kept != 0, d_attended * scale, 0.0)
                 d_scores = weights * (d_probs - delta)
             d_scores = ops.cast(d_scores, q.dtype)
             d_q = _matmul(d_scores, k)  # (..., T, d)

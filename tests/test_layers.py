@@ -4,7 +4,7 @@ equivalence with keras.layers.MultiHeadAttention and torch.nn.MultiheadAttention
 import keras
 import numpy as np
 import pytest
-from layer_test_utils import run_layer_test
+from layer_test_utils import op_types, run_layer_test
 
 import keras_attn as ka
 
@@ -223,11 +223,6 @@ def test_multi_head_equals_keras_multi_head_attention(masking):
                     use_causal_mask=causal)
     out = ours(q, k, v, valid_lens=lens if use_pad else None, use_causal_mask=causal)
     np.testing.assert_allclose(to_np(out), to_np(ref), atol=1e-5)
-
-
-def op_types(fn, *args):
-    """Op types of the graph `fn` (a tf.function) traces for `args`."""
-    return {op.type for op in fn.get_concrete_function(*args).graph.get_operations()}
 
 
 def test_multi_head_under_xla_equals_keras_with_gradients():
