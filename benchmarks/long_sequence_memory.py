@@ -9,12 +9,16 @@ to its input and weights under `tf.function`, for T = 4k ... 64k:
 
 Every (implementation, length) runs in its own subprocess, so the peak resident set size
 (VmHWM, as `resource.getrusage` reports it) is that run's alone; the baseline is the RSS after
-building the layer, before the first call. The parent polls each child's RSS and kills it past
+building the layer, before the first call. Each cell runs in `--children` subprocesses, taken
+in turns with the other implementations of the same length (dense, chunked, keras, dense, ...)
+so that a slow spell of the shared machine does not fall on one of them only; the table gives
+the median of their times and the largest of their peaks (with the range). The parent polls each child's RSS and kills it past
 `--max-rss-gib`, and kills it past `--time-limit` seconds; a length whose (T, T) float32
 matrices would not fit (estimated) is skipped and recorded, not run.
 
     python benchmarks/long_sequence_memory.py
     python benchmarks/long_sequence_memory.py --lengths 4096 16384 --impls dense chunked
+    python benchmarks/long_sequence_memory.py --lengths 16384 --impls dense chunked --children 7
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="chunked: keys per block (default: the layer's, sized by T)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up")
+    parser.add_argument("--children", type=int, default=3,
+                        help="subprocesses per cell, in turns with the other implementations")
     parser.add_argument("--padding", type=float, default=0.0,
                         help="fraction of the sequence that is padding, passed as a query mask "
                              "(keys masked alike: self-attention)")
@@ -134,8 +140,9 @@ def main(argv=None) -> None:
         worker(args.worker[0], int(args.worker[1]), args)
         return
     header(f"Attention forward + backward at long lengths: B1 h1 d{args.dim}, float32")
-    print(f"one subprocess per cell; peak RSS = VmHWM of the child; time = median of "
-          f"{args.repeats} runs after a warm-up; chunk_size="
+    print(f"{args.children} subprocesses per cell, in turns; peak RSS = VmHWM of a child (the "
+          f"largest of the children, their range in brackets); time = median over the children "
+          f"of the median of {args.repeats} runs after a warm-up; chunk_size="
           f"{args.chunk_size or 'the default (auto_chunk_size(T))'}; children killed "
           f"past {args.max_rss_gib:g} GiB RSS or {args.time_limit:g} s"
           + (f"; last {args.padding:.0%} of every sequence is padding (query mask)"
@@ -145,28 +152,37 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|---|")
     from keras_attn.chunked import auto_chunk_size
     for length in args.lengths:
-        dense_time = None
+        results, failed = {}, {}
         for impl in args.impls:
             estimate = DENSE_BYTES_PER_ENTRY * float(length) ** 2
             if impl != "chunked" and estimate > args.max_rss_gib * GIB:
-                print(f"| {length} | {impl} | skipped: about {estimate / GIB:.0f} GiB of (T, T) "
-                      f"matrices > {args.max_rss_gib:g} GiB | | | | |", flush=True)
+                failed[impl] = (f"skipped: about {estimate / GIB:.0f} GiB of (T, T) matrices > "
+                                f"{args.max_rss_gib:g} GiB")
+            else:
+                results[impl] = []
+        for _ in range(args.children):
+            for impl in list(results):
+                result = run_child(impl, length, args)
+                if result["status"] != "ok":
+                    failed[impl] = f"{result['status']} (polled peak {result['peak'] / GIB:.2f})"
+                    del results[impl]
+                else:
+                    results[impl].append(result)
+        times = {impl: median([r["median"] for r in runs]) for impl, runs in results.items()}
+        for impl in args.impls:
+            if impl in failed:
+                print(f"| {length} | {impl} | {failed[impl]} | | | | |", flush=True)
                 continue
-            result = run_child(impl, length, args)
-            if result["status"] != "ok":
-                print(f"| {length} | {impl} | {result['status']} (polled peak "
-                      f"{result['peak'] / GIB:.2f}) | | | | |", flush=True)
-                continue
-            if impl == "dense":
-                dense_time = result["median"]
+            runs = results[impl]
+            peaks = [r["peak"] / GIB for r in runs]
+            baseline = max(r["baseline"] for r in runs) / GIB
             name = impl
             if impl == "chunked":
                 name += f" (chunk {args.chunk_size or auto_chunk_size(length)})"
-            ratio = f"{result['median'] / dense_time:.2f}" if dense_time else "-"
-            print(f"| {length} | {name} | {result['peak'] / GIB:.2f} | "
-                  f"{result['baseline'] / GIB:.2f} | "
-                  f"{(result['peak'] - result['baseline']) / GIB:.2f} | "
-                  f"{result['median']:.2f} | {ratio} |", flush=True)
+            spread = f" ({min(peaks):.2f}-{max(peaks):.2f})" if len(runs) > 1 else ""
+            ratio = f"{times[impl] / times['dense']:.2f}" if "dense" in times else "-"
+            print(f"| {length} | {name} | {max(peaks):.2f}{spread} | {baseline:.2f} | "
+                  f"{max(peaks) - baseline:.2f} | {times[impl]:.2f} | {ratio} |", flush=True)
 
 
 if __name__ == "__main__":

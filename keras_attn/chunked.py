@@ -5,7 +5,9 @@
 `(T, S)` score or weight matrix. Keys (and, optionally, queries) are visited in blocks of
 `chunk_size`; each query row keeps a running maximum `m`, a running sum `l` and a running
 weighted sum of values, rescaled whenever the maximum grows (Milakov & Gimelshein, 2018;
-Rabe & Staats, 2021). Peak memory grows with `T · chunk_size` instead of `T · S`.
+Rabe & Staats, 2021). In float32 the same state rides along as one more key (score: the
+log-sum-exp so far, value: the output so far), so that each block is one fused softmax
+(`_forward_rows_as_key`). Peak memory grows with `T · chunk_size` instead of `T · S`.
 
 The gradient is a custom one (FlashAttention's backward, Dao et al., 2022): the forward pass
 keeps only the output and the per-row log-sum-exp `lse = m + log l`; the backward pass
@@ -65,8 +67,9 @@ def _fori_loop(upper, body, init):
     """`keras.ops.fori_loop(0, upper, body, init)` with at most two iterations in flight.
 
     With TensorFlow, `keras.ops.fori_loop` is a `tf.while_loop` with `parallel_iterations=10`:
-    the next iterations' score blocks, which do not depend on the running sums, are computed
-    ahead, up to ten `(T, chunk)` blocks alive at once (measured at T = 32k, chunk 512: 1.4 GiB
+    the next iterations' score blocks, which do not depend on the running sums (in the
+    backward pass, and in the 16-bit forward pass), are computed ahead, up to ten
+    `(T, chunk)` blocks alive at once (measured at T = 32k, chunk 512: 1.4 GiB
     above the baseline instead of 0.4-0.6 GiB). One at a time is slower (about 1.8x at T = 8k:
     the small per-row operations leave a core idle); two keeps both cores busy. This is the
     one TensorFlow-specific code of the module; other backends loop sequentially anyway.
@@ -296,6 +299,59 @@ def xla_barrier(x: Any) -> Any:
     return identity(x)
 
 
+def xla_dense(layer: keras.layers.Dense, inputs: Any) -> Any:
+    """`layer(inputs)` for a built `keras.layers.Dense`; under XLA, with its own backward.
+
+    The kernel gradient of `y = x W` is `xᵀ dy`, a product over the `B·T` rows of both
+    operands. XLA's CPU kernel for that form (left operand transposed) runs 1.2-1.5x slower
+    than `(xᵀ) dy` with `xᵀ` a transposed copy, copy included, at `MultiHead`'s and the
+    FFN's sizes (`benchmarks/xla_products.py`); under XLA this computes the layer's product
+    with a gradient of that form (the copy behind `xla_barrier`, or XLA folds it back).
+    `MultiHead` uses it for its four projections. It is not faster everywhere: a ReLU FFN
+    trained slower with it on its second Dense (`benchmarks/RESULTS.md`), so the FFN does not
+    use it. Outside XLA, and for a Dense with LoRA or quantized weights, it is
+    `layer(inputs)`.
+
+    Args:
+        layer: a built `keras.layers.Dense`.
+        inputs: `(..., m)` with `m` the layer's input size.
+
+    Returns:
+        `(..., units)`, `layer(inputs)`.
+    """
+    if (not _in_xla_context() or getattr(layer, "lora_enabled", False)
+            or getattr(layer, "quantization_mode", None) is not None or not layer.built):
+        return layer(inputs)
+    import tensorflow as tf
+
+    dtype = layer.compute_dtype
+    kernel = ops.cast(layer.kernel, dtype)  # (m, n)
+    m, n = kernel.shape
+    params = (kernel,) if layer.bias is None else (kernel, ops.cast(layer.bias, dtype))
+
+    @tf.custom_gradient
+    def dense(x, kernel, *bias):
+        rows = ops.reshape(x, (-1, m))  # (B·T, m)
+        y = ops.matmul(rows, kernel)
+        if bias:
+            y = y + bias[0]
+        y = ops.reshape(y, tuple(ops.shape(x)[:-1]) + (n,))
+
+        def grad(upstream):
+            d_rows = ops.reshape(upstream, (-1, n))  # (B·T, n)
+            d_x = ops.reshape(ops.matmul(d_rows, ops.transpose(kernel)), ops.shape(x))
+            d_kernel = ops.matmul(xla_barrier(ops.transpose(rows)), d_rows)  # (m, n)
+            if not bias:
+                return d_x, d_kernel
+            d_bias = ops.cast(ops.sum(ops.cast(d_rows, "float32"), axis=0), dtype)
+            return d_x, d_kernel, d_bias
+
+        return y, grad
+
+    outputs = dense(ops.cast(inputs, dtype), *params)
+    return outputs if layer.activation is None else layer.activation(outputs)
+
+
 def _matmul_at(a, b):
     """`aᵀ @ b` for a tall `a` `(..., n, m)`, as `(bᵀ a)ᵀ`: the big operand is read in its
     stored order (a transposed big operand is the slow case of the CPU kernels).
@@ -334,6 +390,9 @@ def _forward_rows(q_rows, k, v, blocking, row_start):
     fold = ops.dtype(q_rows) == "float32" and ops.dtype(v) == "float32"
     values = _append_column(v, 1.0) if fold else v  # (..., S, dv [+ 1])
 
+    if fold and not blocking.single_key_block:
+        return _forward_rows_as_key(q_rows, k, v, blocking, row_start, limit, num_blocks)
+
     def body(j, carry):
         row_max, row_sum, acc = carry
         col_start = j * chunk
@@ -371,6 +430,66 @@ def _forward_rows(q_rows, k, v, blocking, row_start):
     outputs = ops.where(has_keys, acc / safe_sum, 0.0)
     lse = ops.where(has_keys, row_max + ops.log(safe_sum), _EMPTY_ROW_LSE)
     return outputs, lse
+
+
+def _forward_rows_as_key(q_rows, k, v, blocking, row_start, limit, num_blocks):
+    """`_forward_rows` in float32 over several key blocks: the blocks seen so far ride along
+    as one more key, so each block is one fused softmax.
+
+    Carry the log-sum-exp `L` and the normalized output `A` of the keys seen so far. They act
+    as one more key with score `L` and value `A`: with the scores `s` of the next block and
+    `p = softmax([s, L])`, the new carry is `A' = p [V; 0] + p_L A` and `L' = L - log p_L`,
+    where `p_L` (the last column of `p`) is the earlier keys' share. The score `L` rides along
+    in the product, `[Q, L] [K, 0; 0, 1]ᵀ`. That is one softmax kernel per block instead of a
+    max, a subtraction and an exponential (about 10% of the forward pass at T = 16k,
+    `benchmarks/RESULTS.md`). Where `p_L` underflows (a block's scores about 70 or more above
+    everything before) that block's `L'` is the log-sum-exp of `[s, L]` instead.
+
+    The carry starts from a reference score `r` (the row's score against key 0 when only
+    lengths and causality mask the keys, so every row that has keys sees key 0; else -1e30)
+    with output 0, a pretend key removed at the end: its share `f = exp(r - L)` is at most
+    1/2 for a row that sees key 0, and 1 for a row with no keys at all.
+    """
+    chunk = blocking.chunk
+    rows = _num_rows(q_rows)
+    lead = tuple(ops.shape(q_rows)[:-1])  # (..., rows)
+    # The carry's key [0, ..., 0, 1] and value 0, after each block's keys and values.
+    k_carry = _append_column(ops.zeros_like(k[..., :1, :]), 1.0)  # (..., 1, d + 1)
+    v_carry = ops.zeros_like(v[..., :1, :])  # (..., 1, dv)
+
+    def body(j, carry):
+        lse, acc = carry
+        col_start = j * chunk
+        k_block = _append_column(_slice_axis(k, -2, col_start, chunk), 0.0)  # (..., c, d + 1)
+        keys = ops.concatenate([k_block, k_carry], axis=-2)  # (..., c + 1, d + 1)
+        values = ops.concatenate([_slice_axis(v, -2, col_start, chunk), v_carry], axis=-2)
+        block_mask = blocking.block_mask(limit, row_start, rows, col_start)
+        if block_mask is not None:
+            block_mask = _append_column(block_mask, True)  # the carry is always seen
+        scores = _block_scores(ops.concatenate([q_rows, lse], axis=-1), keys, block_mask)
+        probs = ops.softmax(scores, axis=-1)  # (..., rows, c + 1)
+        share = probs[..., chunk:]  # (..., rows, 1): p_L, the earlier keys' share
+        acc = _matmul(probs, values) + share * acc  # (..., rows, dv)
+        lse = ops.cond(
+            ops.any(share < 1e-30),
+            lambda: ops.logsumexp(scores, axis=-1, keepdims=True),
+            lambda: lse - ops.log(share),
+        )
+        return lse, acc
+
+    if blocking.mask is None:
+        # Lengths, causality and key padding each hide keys j >= limit: a row with keys sees
+        # key 0, so its log-sum-exp is at least this score.
+        reference = ops.sum(q_rows * k[..., :1, :], axis=-1, keepdims=True)  # (..., rows, 1)
+    else:
+        reference = ops.full(lead + (1,), _MASK_VALUE, "float32")
+    lse, acc = _fori_loop(num_blocks, body, (reference, ops.zeros(lead + (v.shape[-1],),
+                                                                  "float32")))
+    pretend = ops.exp(reference - lse)  # (..., rows, 1): <= 1/2 with keys, 1 without
+    has_keys = ops.less(pretend, 0.75)
+    real = ops.where(has_keys, 1.0 - pretend, 1.0)
+    outputs = ops.where(has_keys, acc / real, 0.0)
+    return outputs, ops.where(has_keys, lse + ops.log(real), _EMPTY_ROW_LSE)
 
 
 def _append_column(x, value):
@@ -434,6 +553,13 @@ def _backward_rows(q_rows, k, v, d_out, delta, lse, blocking, row_start, dk, dv)
     return _fori_loop(num_blocks, body, init)
 
 
+def _scores_exceed(scores, budget: int) -> bool:
+    """Whether the last two axes of `scores` are statically known to hold more than `budget`
+    entries (unknown sizes: False)."""
+    rows, cols = scores.shape[-2], scores.shape[-1]
+    return rows is not None and cols is not None and rows * cols > budget
+
+
 def _single_block_fn(blocking, dropout_rate: float = 0.0, seed=None):
     """All keys and queries in one block: the `(..., T, S)` weights fit, so keep them.
 
@@ -486,21 +612,31 @@ def _single_block_fn(blocking, dropout_rate: float = 0.0, seed=None):
             # pass; with it, the dropped weights D, which hold the mask.
             kept = ops.cast(weights, v.dtype) if dropout_rate == 0.0 else attended
             d_v = _matmul_at(kept, d_out)  # (..., S, dv)
-            d_attended = ops.cast(_matmul(d_out, ops.swapaxes(v, -1, -2)), "float32")
-            if dropout_rate == 0.0:
-                d_scores = weights * (d_attended - delta)  # (..., T, S)
-            elif ops.dtype(kept) == "float32":
-                # P ⊙ dP = D ⊙ dD: two products instead of reading the mask back.
-                d_scores = kept * d_attended - weights * delta
+            if (dropout_rate == 0.0 and ops.dtype(v) == "float32" and not _in_xla_context()
+                    and not _scores_exceed(weights, BLOCK_BUDGET)):
+                # [dO, -delta] [V, 1]ᵀ = dO Vᵀ - delta, as in the blockwise backward: no pass
+                # over (T, S) of its own for the subtraction (XLA fuses that pass anyway).
+                # Not for scores longer than a block of the chunked path: there the peak
+                # memory of this form varied from run to run (benchmarks/RESULTS.md).
+                d_probs = _matmul(_append_column(d_out, -delta),
+                                  ops.swapaxes(_append_column(v, 1.0), -1, -2))
+                d_scores = weights * d_probs  # (..., T, S)
             else:
-                # A 16-bit D is P rounded: read the mask back instead, so that P ⊙ dP and
-                # P ⊙ rowsum(dO ⊙ O) cancel in float32 as they should.
-                from keras_attn.ops import _dropout_scale
+                d_attended = ops.cast(_matmul(d_out, ops.swapaxes(v, -1, -2)), "float32")
+                if dropout_rate == 0.0:
+                    d_scores = weights * (d_attended - delta)  # (..., T, S)
+                elif ops.dtype(kept) == "float32":
+                    # P ⊙ dP = D ⊙ dD: two products instead of reading the mask back.
+                    d_scores = kept * d_attended - weights * delta
+                else:
+                    # A 16-bit D is P rounded: read the mask back instead, so that P ⊙ dP and
+                    # P ⊙ rowsum(dO ⊙ O) cancel in float32 as they should.
+                    from keras_attn.ops import _dropout_scale
 
-                # s as dropout applied it (rounded to the value dtype).
-                scale = ops.cast(ops.cast(_dropout_scale(dropout_rate), v.dtype), "float32")
-                d_probs = ops.where(kept != 0, d_attended * scale, 0.0)
-                d_scores = weights * (d_probs - delta)
+                    # s as dropout applied it (rounded to the value dtype).
+                    scale = ops.cast(ops.cast(_dropout_scale(dropout_rate), v.dtype), "float32")
+                    d_probs = ops.where(kept != 0, d_attended * scale, 0.0)
+                    d_scores = weights * (d_probs - delta)
             d_scores = ops.cast(d_scores, q.dtype)
             d_q = _matmul(d_scores, k)  # (..., T, d)
             d_k = _matmul_at(d_scores, q)  # (..., S, d)

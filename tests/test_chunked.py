@@ -20,6 +20,7 @@ from keras_attn.chunked import (
     chunked_dot_product_attention,
     fused_dot_product_attention,
     xla_barrier,
+    xla_dense,
 )
 
 
@@ -146,6 +147,58 @@ def test_fully_masked_rows_are_zero_with_zero_gradient(query_chunk):
     check_against_numpy(out, [dq, dk, dv], ref_out, ref_grads)
 
 
+@pytest.mark.parametrize("budget", [None, 16])
+def test_fused_backward_both_forms_of_the_shifted_product_equal_numpy(budget, monkeypatch):
+    """Without dropout the float32 backward forms dO Vᵀ - rowsum(dO ⊙ O) as one product, except
+    for scores longer than a chunked block; a small budget takes the other form here."""
+    import keras_attn.chunked as chunked_module
+
+    if budget is not None:
+        monkeypatch.setattr(chunked_module, "BLOCK_BUDGET", budget)
+    rng = np.random.default_rng(22)
+    q, k, v = (rng.normal(size=(2, 3, 5, 4)).astype("float32") for _ in range(3))
+    g = rng.normal(size=(2, 3, 5, 4)).astype("float32")
+    allowed = np_structured_mask(2, 5, 5, [5, 3], causal=True)[:, None]
+    ref_out, ref_grads = np_attention_and_grads(q, k, v, allowed, g)
+    out, grads = chunked_with_grads(q, k, v, g, fn=fused_dot_product_attention,
+                                    valid_lens=np.array([5, 3]), causal=True)
+    check_against_numpy(out, grads, ref_out, ref_grads)
+    # The product form appends a column to dO and V: a concatenation in the graph.
+    concat = "ConcatV2" in op_types(tf.function(lambda q: tf.gradients(
+        fused_dot_product_attention(q, q, q), q)), tf.constant(q))
+    assert concat == (budget is None)
+
+
+@pytest.mark.parametrize("masking", ["lens", "dense"])
+def test_far_apart_key_blocks_stay_exact(masking):
+    """The float32 forward carries the earlier blocks as one more key whose share of a new
+    block's softmax underflows when the new scores are far larger (here by about 200): that
+    block takes the log-sum-exp path. With a dense mask key 0, the reference score of the
+    lengths-only path, is hidden, here with the largest score of its row."""
+    rng = np.random.default_rng(21)
+    q = rng.normal(size=(2, 2, 6, 4)).astype("float32")
+    k = rng.normal(size=(2, 2, 12, 4)).astype("float32")
+    v = rng.normal(size=(2, 2, 12, 3)).astype("float32")
+    g = rng.normal(size=(2, 2, 6, 3)).astype("float32")
+    q[..., 0] = 20.0
+    k[..., 0] = 0.1  # scores about 1 in the first blocks ...
+    k[..., 8:, 0] = 20.0  # ... and about 200 in the last one
+    k[..., 0, 0] = 30.0  # key 0 scores about 300
+    kwargs = {"valid_lens": np.array([12, 11])}
+    allowed = np_structured_mask(2, 6, 12, kwargs["valid_lens"])
+    if masking == "dense":
+        mask = np.ones((2, 6, 12), bool)
+        mask[:, :, 0] = False  # no row sees key 0
+        mask[1, 2] = False  # and one row sees nothing
+        kwargs["mask"] = mask
+        allowed = allowed & mask
+    else:
+        k[..., 0, 0] = 0.1
+    ref_out, ref_grads = np_attention_and_grads(q, k, v, allowed[:, None], g)
+    out, grads = chunked_with_grads(q, k, v, g, chunk_size=4, **kwargs)
+    check_against_numpy(out, grads, ref_out, ref_grads, atol=2e-4)
+
+
 def test_causal_block_skipping_with_offset_and_per_query_lengths():
     """Query blocks skip key blocks above the diagonal and past the longest sequence."""
     rng = np.random.default_rng(1)
@@ -223,6 +276,56 @@ def test_xla_barrier_second_order_gradient_under_xla():
     grad, hess = second(x)
     np.testing.assert_allclose(to_np(grad), 3 * to_np(x) ** 2, rtol=1e-6)
     np.testing.assert_allclose(to_np(hess), 6 * to_np(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "policy,use_bias,activation,atol",
+    [("float32", True, None, 1e-5), ("float32", False, "relu", 1e-5),
+     ("mixed_bfloat16", True, "relu", 3e-2)],
+)
+def test_xla_dense_equals_the_layer_under_xla_with_gradients(policy, use_bias, activation, atol):
+    """Under XLA the Dense product runs with its own kernel gradient (from a transposed copy of
+    the input); values and the gradients of input, kernel and bias follow the formulas."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(3, 5, 8)).astype("float32")
+    g = rng.normal(size=(3, 5, 6)).astype("float32")
+    layer = keras.layers.Dense(6, use_bias=use_bias, activation=activation, dtype=policy,
+                               bias_initializer="random_normal")
+    layer.build((3, 5, 8))
+
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = xla_dense(layer, x)
+            loss = tf.reduce_sum(tf.cast(y, "float32") * g)
+        return y, tape.gradient(loss, [x] + layer.trainable_variables)
+
+    xla = tf.function(run, jit_compile=True)
+    y, grads = xla(tf.constant(x))
+    assert y.dtype == layer.compute_dtype
+    assert "XlaOptimizationBarrier" in op_types(xla, tf.constant(x))
+    assert "XlaOptimizationBarrier" not in op_types(tf.function(run), tf.constant(x))
+    # NumPy, from y = act(x W + b): dz = g ⊙ act'(z), dx = dz Wᵀ, dW = xᵀ dz, db = Σ dz.
+    w = to_np(layer.kernel)
+    z = x @ w + (to_np(layer.bias) if use_bias else 0.0)
+    dz = g * (z > 0) if activation == "relu" else g
+    want = [np.maximum(z, 0) if activation == "relu" else z]
+    want += [dz @ w.T, x.reshape(-1, 8).T @ dz.reshape(-1, 6)]
+    want += [dz.sum(axis=(0, 1))] if use_bias else []
+    assert len(grads) == len(want) - 1
+    for got, ref in zip([y, *grads], want):
+        np.testing.assert_allclose(to_np(got), ref, atol=atol * max(1.0, np.abs(ref).max()))
+
+
+def test_xla_dense_is_the_layer_call_outside_xla_and_with_lora():
+    layer = keras.layers.Dense(4)
+    layer.build((2, 3))
+    x = tf.constant(np.random.default_rng(12).normal(size=(2, 3)).astype("float32"))
+    np.testing.assert_array_equal(to_np(xla_dense(layer, x)), to_np(layer(x)))
+    layer.enable_lora(2, b_initializer="ones")  # the layer's own call handles LoRA
+    xla = tf.function(lambda x: xla_dense(layer, x), jit_compile=True)
+    np.testing.assert_allclose(to_np(xla(x)), to_np(layer(x)), rtol=1e-6)
+    assert "XlaOptimizationBarrier" not in op_types(xla, x)
 
 
 def test_fused_backward_under_xla_equals_numpy():

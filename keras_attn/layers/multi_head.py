@@ -8,7 +8,7 @@ from keras import ops
 
 from keras_attn import ops as attn_ops
 from keras_attn._checks import check_bool
-from keras_attn.chunked import fused_dot_product_attention, xla_barrier
+from keras_attn.chunked import fused_dot_product_attention, xla_barrier, xla_dense
 from keras_attn.layers.base import BaseAttention, check_positive_int
 
 
@@ -183,8 +183,8 @@ class MultiHead(BaseAttention):
         """
         value = key if value is None else value
         return (
-            self.split_heads(self.key_dense(key), self.key_dim),
-            self.split_heads(self.value_dense(value), self.value_dim),
+            self.split_heads(xla_dense(self.key_dense, key), self.key_dim),
+            self.split_heads(xla_dense(self.value_dense, value), self.value_dim),
         )
 
     def init_cache(self, batch_size, max_length: int, dtype=None):
@@ -262,7 +262,7 @@ class MultiHead(BaseAttention):
             query_mask=query_mask,
             causal_offset=0 if cache_update_index is None else cache_update_index,
         )
-        q = self.split_heads(self.query_dense(query), self.key_dim)  # (B, H, T, dk)
+        q = self.split_heads(xla_dense(self.query_dense, query), self.key_dim)  # (B, H, T, dk)
         outputs, weights = self._heads_attention(q, key_cache, value_cache, mask, training,
                                                  need_weights=return_attention_scores)
         if return_attention_scores:
@@ -271,9 +271,9 @@ class MultiHead(BaseAttention):
 
     def attend(self, query, key, value, mask, training, need_weights=True, valid_lens=None,
                use_causal_mask=False, query_mask=None):
-        q = self.split_heads(self.query_dense(query), self.key_dim)  # (B, H, T, dk)
-        k = self.split_heads(self.key_dense(key), self.key_dim)  # (B, H, S, dk)
-        v = self.split_heads(self.value_dense(value), self.value_dim)  # (B, H, S, dv)
+        q = self.split_heads(xla_dense(self.query_dense, query), self.key_dim)  # (B, H, T, dk)
+        k = self.split_heads(xla_dense(self.key_dense, key), self.key_dim)  # (B, H, S, dk)
+        v = self.split_heads(xla_dense(self.value_dense, value), self.value_dim)  # (B, H, S, dv)
         if self.add_bias_kv:
             k = self._append_key(k, ops.reshape(self.bias_k, (1, self.num_heads, 1, -1)))
             v = self._append_key(v, ops.reshape(self.bias_v, (1, self.num_heads, 1, -1)))
@@ -297,7 +297,7 @@ class MultiHead(BaseAttention):
                 q, k, v, mask=mask, valid_lens=valid_lens, causal=use_causal_mask,
                 dropout_rate=self.dropout if bool(training) else 0.0, seed=self.seed_generator,
             )  # (B, H, T, dv)
-            return self.output_dense(self.merge_heads(context)), None
+            return xla_dense(self.output_dense, self.merge_heads(context)), None
         context, weights = attn_ops.dot_product_attention(
             q,
             k,
@@ -315,7 +315,7 @@ class MultiHead(BaseAttention):
             # Padded queries attend to nothing: a zero context (and no gradient), as in dense.
             rows = ops.cast(query_mask, "bool")[:, None, :, None]  # (B, 1, T, 1)
             context = ops.where(rows, context, ops.zeros_like(context))
-        return self.output_dense(self.merge_heads(context)), weights
+        return xla_dense(self.output_dense, self.merge_heads(context)), weights
 
     @staticmethod
     def _append_key(x, extra):
