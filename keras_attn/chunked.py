@@ -309,8 +309,8 @@ def xla_dense(layer: keras.layers.Dense, inputs: Any) -> Any:
     with a gradient of that form (the copy behind `xla_barrier`, or XLA folds it back).
     `MultiHead` uses it for its four projections. It is not faster everywhere: a ReLU FFN
     trained slower with it on its second Dense (`benchmarks/RESULTS.md`), so the FFN does not
-    use it. Outside XLA, and for a Dense with LoRA or quantized weights, it is
-    `layer(inputs)`.
+    use it. Outside XLA, and for a Dense with LoRA, quantized weights or an activity
+    regularizer, it is `layer(inputs)`.
 
     Args:
         layer: a built `keras.layers.Dense`.
@@ -320,7 +320,8 @@ def xla_dense(layer: keras.layers.Dense, inputs: Any) -> Any:
         `(..., units)`, `layer(inputs)`.
     """
     if (not _in_xla_context() or getattr(layer, "lora_enabled", False)
-            or getattr(layer, "quantization_mode", None) is not None or not layer.built):
+            or getattr(layer, "quantization_mode", None) is not None or not layer.built
+            or layer.activity_regularizer is not None):
         return layer(inputs)
     import tensorflow as tf
 
@@ -348,8 +349,7 @@ def xla_dense(layer: keras.layers.Dense, inputs: Any) -> Any:
 
         return y, grad
 
-    outputs = dense(ops.cast(inputs, dtype), *params)
-    return outputs if layer.activation is None else layer.activation(outputs)
+    return layer.activation(dense(ops.cast(inputs, dtype), *params))
 
 
 def _matmul_at(a, b):
@@ -387,11 +387,10 @@ def _forward_rows(q_rows, k, v, blocking, row_start):
     value_depth = v.shape[-1]
     # In float32 the row sums ride along in the product with the values, one pass less over
     # each block: P [V, 1] = [P V, rowsum(P)].
-    fold = ops.dtype(q_rows) == "float32" and ops.dtype(v) == "float32"
-    values = _append_column(v, 1.0) if fold else v  # (..., S, dv [+ 1])
-
+    fold = _exact_products(q_rows, v)
     if fold and not blocking.single_key_block:
         return _forward_rows_as_key(q_rows, k, v, blocking, row_start, limit, num_blocks)
+    values = _append_column(v, 1.0) if fold else v  # (..., S, dv [+ 1])
 
     def body(j, carry):
         row_max, row_sum, acc = carry
@@ -441,9 +440,13 @@ def _forward_rows_as_key(q_rows, k, v, blocking, row_start, limit, num_blocks):
     `p = softmax([s, L])`, the new carry is `A' = p [V; 0] + p_L A` and `L' = L - log p_L`,
     where `p_L` (the last column of `p`) is the earlier keys' share. The score `L` rides along
     in the product, `[Q, L] [K, 0; 0, 1]ᵀ`. That is one softmax kernel per block instead of a
-    max, a subtraction and an exponential (about 10% of the forward pass at T = 16k,
+    max, a subtraction and an exponential (303 -> 260 ms for the forward pass at T = 16k,
     `benchmarks/RESULTS.md`). Where `p_L` underflows (a block's scores about 70 or more above
-    everything before) that block's `L'` is the log-sum-exp of `[s, L]` instead.
+    everything before) that block's `L'` is the log-sum-exp of `[s, L]` instead. `L` takes
+    one rounding per block: with the default block sizes (8 blocks at T = 16k, 128 at 64k)
+    the error is that of the running-max form; with 1024 blocks of a small `chunk_size` the
+    gradients' relative error grew from about 3e-6 to 5e-5 in a check against float64.
+    Only for exact float32 products (`_exact_products`).
 
     The carry starts from a reference score `r` (the row's score against key 0 when only
     lengths and causality mask the keys, so every row that has keys sees key 0; else -1e30)
@@ -465,6 +468,9 @@ def _forward_rows_as_key(q_rows, k, v, blocking, row_start, limit, num_blocks):
         values = ops.concatenate([_slice_axis(v, -2, col_start, chunk), v_carry], axis=-2)
         block_mask = blocking.block_mask(limit, row_start, rows, col_start)
         if block_mask is not None:
+            # A (..., rows, 1) mask (a query mask) broadcasts over the keys, not the carry.
+            block_mask = ops.broadcast_to(block_mask,
+                                          tuple(ops.shape(block_mask)[:-1]) + (chunk,))
             block_mask = _append_column(block_mask, True)  # the carry is always seen
         scores = _block_scores(ops.concatenate([q_rows, lse], axis=-1), keys, block_mask)
         probs = ops.softmax(scores, axis=-1)  # (..., rows, c + 1)
@@ -511,8 +517,9 @@ def _backward_rows(q_rows, k, v, d_out, delta, lse, blocking, row_start, dk, dv)
     zeros_lead = [0] * (blocking.rank - 2)
     # In float32 the row terms ride along in the products, one pass less over each block each:
     # [Q, -lse] [K, 1]ᵀ = Q Kᵀ - lse and [dO, -delta] [V, 1]ᵀ = dO Vᵀ - delta. (In 16-bit
-    # inputs lse and delta would lose their precision, so they are subtracted in float32.)
-    fold = ops.dtype(q_rows) == "float32" and ops.dtype(v) == "float32"
+    # inputs, or TF32 products, lse and delta would lose their precision, so they are
+    # subtracted in float32.)
+    fold = _exact_products(q_rows, v)
     if fold:
         q_lse = _append_column(q_rows, -lse)  # (..., rows, d + 1)
         d_out_delta = _append_column(d_out, -delta)  # (..., rows, dv + 1)
@@ -554,10 +561,29 @@ def _backward_rows(q_rows, k, v, d_out, delta, lse, blocking, row_start, dk, dv)
 
 
 def _scores_exceed(scores, budget: int) -> bool:
-    """Whether the last two axes of `scores` are statically known to hold more than `budget`
-    entries (unknown sizes: False)."""
+    """Whether the last two axes of `scores` may hold more than `budget` entries (unknown
+    sizes count as more)."""
     rows, cols = scores.shape[-2], scores.shape[-1]
-    return rows is not None and cols is not None and rows * cols > budget
+    return rows is None or cols is None or rows * cols > budget
+
+
+def _exact_products(*tensors) -> bool:
+    """Whether products of these tensors are exact float32 ones, so that a row term (a
+    log-sum-exp, `rowsum(dO ⊙ O)`) may ride along in them as an extra column.
+
+    Not for 16-bit tensors, and not where TensorFlow may run float32 products in TF32 (a GPU
+    is visible and TF32 is on, TensorFlow's default): TF32 rounds the operands to 10 mantissa
+    bits, and a row term of size `|L|` would carry an error of about `|L| / 1000` into every
+    weight of its row.
+    """
+    if any(ops.dtype(t) != "float32" for t in tensors):
+        return False
+    if keras.backend.backend() != "tensorflow":
+        return True
+    import tensorflow as tf
+
+    return not (tf.config.list_physical_devices("GPU")
+                and tf.config.experimental.tensor_float_32_execution_enabled())
 
 
 def _single_block_fn(blocking, dropout_rate: float = 0.0, seed=None):
@@ -612,12 +638,14 @@ def _single_block_fn(blocking, dropout_rate: float = 0.0, seed=None):
             # pass; with it, the dropped weights D, which hold the mask.
             kept = ops.cast(weights, v.dtype) if dropout_rate == 0.0 else attended
             d_v = _matmul_at(kept, d_out)  # (..., S, dv)
-            if (dropout_rate == 0.0 and ops.dtype(v) == "float32" and not _in_xla_context()
+            if (dropout_rate == 0.0 and _exact_products(q, v) and not _in_xla_context()
                     and not _scores_exceed(weights, BLOCK_BUDGET)):
                 # [dO, -delta] [V, 1]ᵀ = dO Vᵀ - delta, as in the blockwise backward: no pass
-                # over (T, S) of its own for the subtraction (XLA fuses that pass anyway).
-                # Not for scores longer than a block of the chunked path: there the peak
-                # memory of this form varied from run to run (benchmarks/RESULTS.md).
+                # over (T, S) of its own for the subtraction. Not under XLA (it fuses that
+                # pass into the next one; the product form was slower at T = 128) and not
+                # for scores longer than a block of the chunked path, or of unknown length:
+                # there the peak memory of this form varied from run to run
+                # (benchmarks/RESULTS.md).
                 d_probs = _matmul(_append_column(d_out, -delta),
                                   ops.swapaxes(_append_column(v, 1.0), -1, -2))
                 d_scores = weights * d_probs  # (..., T, S)

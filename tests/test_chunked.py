@@ -163,10 +163,52 @@ def test_fused_backward_both_forms_of_the_shifted_product_equal_numpy(budget, mo
     out, grads = chunked_with_grads(q, k, v, g, fn=fused_dot_product_attention,
                                     valid_lens=np.array([5, 3]), causal=True)
     check_against_numpy(out, grads, ref_out, ref_grads)
-    # The product form appends a column to dO and V: a concatenation in the graph.
+    # The product form appends a column to dO and V: a concatenation in the graph. Scores of
+    # unknown length count as long.
+    def grad_fn(q):
+        return tf.gradients(fused_dot_product_attention(q, q, q), q)
+
+    assert ("ConcatV2" in op_types(tf.function(grad_fn), tf.constant(q))) == (budget is None)
+    unknown = tf.function(grad_fn, input_signature=[tf.TensorSpec((2, 3, None, 4))])
+    assert "ConcatV2" not in op_types(unknown)
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 8, 1), (2, 1, 1), (2, 1, 8)])
+def test_masks_broadcast_over_a_key_or_query_axis(mask_shape):
+    """Query masks (B, T, 1), sequence masks (B, 1, 1) and key masks (B, 1, S), alone (no
+    lengths, no causality, S a whole number of blocks), in the float32 blockwise forward."""
+    rng = np.random.default_rng(23)
+    q, k, v = (rng.normal(size=(2, 2, 8, 4)).astype("float32") for _ in range(3))
+    g = rng.normal(size=(2, 2, 8, 4)).astype("float32")
+    mask = rng.random(mask_shape) < 0.7
+    mask[0] = True  # sequence 0 sees everything; sequence 1 a random part
+    allowed = np.broadcast_to(mask, (2, 8, 8))[:, None]
+    ref_out, ref_grads = np_attention_and_grads(q, k, v, allowed, g)
+    out, grads = chunked_with_grads(q, k, v, g, mask=mask, chunk_size=4)
+    check_against_numpy(out, grads, ref_out, ref_grads)
+
+
+def test_without_exact_float32_products_the_row_terms_stay_out(monkeypatch):
+    """Where float32 products may run in TF32 (a GPU with TensorFlow's default), no
+    log-sum-exp or rowsum(dO ⊙ O) rides along in a product: the paths taken then (here
+    forced) follow the formulas too."""
+    import keras_attn.chunked as chunked_module
+
+    monkeypatch.setattr(chunked_module, "_exact_products", lambda *tensors: False)
+    rng = np.random.default_rng(24)
+    q, k, v = (rng.normal(size=(2, 2, 9, 4)).astype("float32") for _ in range(3))
+    g = rng.normal(size=(2, 2, 9, 4)).astype("float32")
+    lens = np.array([9, 4])
+    allowed = np_structured_mask(2, 9, 9, lens, causal=True)[:, None]
+    ref_out, ref_grads = np_attention_and_grads(q, k, v, allowed, g)
+    for fn, kwargs in ((chunked_dot_product_attention, {"chunk_size": 4}),
+                       (fused_dot_product_attention, {})):
+        out, grads = chunked_with_grads(q, k, v, g, fn=fn, valid_lens=lens, causal=True,
+                                        **kwargs)
+        check_against_numpy(out, grads, ref_out, ref_grads)
     concat = "ConcatV2" in op_types(tf.function(lambda q: tf.gradients(
         fused_dot_product_attention(q, q, q), q)), tf.constant(q))
-    assert concat == (budget is None)
+    assert not concat
 
 
 @pytest.mark.parametrize("masking", ["lens", "dense"])
