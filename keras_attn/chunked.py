@@ -5,9 +5,9 @@
 `(T, S)` score or weight matrix. Keys (and, optionally, queries) are visited in blocks of
 `chunk_size`; each query row keeps a running maximum `m`, a running sum `l` and a running
 weighted sum of values, rescaled whenever the maximum grows (Milakov & Gimelshein, 2018;
-Rabe & Staats, 2021). In float32 the same state rides along as one more key (score: the
-log-sum-exp so far, value: the output so far), so that each block is one fused softmax
-(`_forward_rows_as_key`). Peak memory grows with `T · chunk_size` instead of `T · S`.
+Rabe & Staats, 2021). With exact float32 products (not 16-bit inputs, not TF32 on a GPU) the
+same state rides along as one more key (score: the log-sum-exp so far, value: the output so
+far), so that each block is one fused softmax (`_forward_rows_as_key`). Peak memory grows with `T · chunk_size` instead of `T · S`.
 
 The gradient is a custom one (FlashAttention's backward, Dao et al., 2022): the forward pass
 keeps only the output and the per-row log-sum-exp `lse = m + log l`; the backward pass
@@ -25,10 +25,11 @@ block at a time; key blocks past the longest sequence are skipped. A dense boole
 accepted too (it is sliced per block), for masks that have no such structure.
 
 Everything is written with `keras.ops` (`custom_gradient`, `fori_loop`, `slice`,
-`slice_update`) except two TensorFlow-specific pieces: `_fori_loop`'s `parallel_iterations=2`,
-without which TensorFlow keeps ten blocks in flight, and `xla_barrier`, which under
-`jit_compile=True` keeps XLA from rewriting a product into a form its CPU kernels run slowly
-(both documented where they are defined; with other backends they do nothing).
+`slice_update`) except backend-specific pieces, each documented where it is defined:
+`_fori_loop`'s `parallel_iterations=2`, without which TensorFlow keeps ten blocks in flight;
+`xla_barrier` and `xla_dense`, which under `jit_compile=True` keep XLA from rewriting a
+product into a form its CPU kernels run slowly (with other backends they do nothing); and
+`_exact_products`, which asks each backend whether float32 products may run in TF32.
 
 Not supported by the blockwise path (use the dense implementation): dropout on the attention
 weights (a block's dropout mask would have to be regenerated identically in the backward pass,
@@ -71,8 +72,8 @@ def _fori_loop(upper, body, init):
     backward pass, and in the 16-bit forward pass), are computed ahead, up to ten
     `(T, chunk)` blocks alive at once (measured at T = 32k, chunk 512: 1.4 GiB
     above the baseline instead of 0.4-0.6 GiB). One at a time is slower (about 1.8x at T = 8k:
-    the small per-row operations leave a core idle); two keeps both cores busy. This is the
-    one TensorFlow-specific code of the module; other backends loop sequentially anyway.
+    the small per-row operations leave a core idle); two keeps both cores busy. Other
+    backends loop sequentially anyway.
     """
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
@@ -443,10 +444,11 @@ def _forward_rows_as_key(q_rows, k, v, blocking, row_start, limit, num_blocks):
     max, a subtraction and an exponential (303 -> 260 ms for the forward pass at T = 16k,
     `benchmarks/RESULTS.md`). Where `p_L` underflows (a block's scores about 70 or more above
     everything before) that block's `L'` is the log-sum-exp of `[s, L]` instead. `L` takes
-    one rounding per block: with the default block sizes (8 blocks at T = 16k, 128 at 64k)
-    the error is that of the running-max form; with 1024 blocks of a small `chunk_size` the
-    gradients' relative error grew from about 3e-6 to 5e-5 in a check against float64.
-    Only for exact float32 products (`_exact_products`).
+    one rounding per block: against float64, outputs and gradients were about as accurate as
+    with the running-max form at 8 blocks (T = 16k by default), 2-3x less at 128 (64k) and
+    about 5x less at 1024 (relative errors of 1e-6 to 4e-6 against 3e-7 to 8e-7). Only for
+    exact float32 products (`_exact_products`); 16-bit inputs and TF32 products take the
+    running-max form.
 
     The carry starts from a reference score `r` (the row's score against key 0 when only
     lengths and causality mask the keys, so every row that has keys sees key 0; else -1e30)
@@ -571,19 +573,34 @@ def _exact_products(*tensors) -> bool:
     """Whether products of these tensors are exact float32 ones, so that a row term (a
     log-sum-exp, `rowsum(dO ⊙ O)`) may ride along in them as an extra column.
 
-    Not for 16-bit tensors, and not where TensorFlow may run float32 products in TF32 (a GPU
-    is visible and TF32 is on, TensorFlow's default): TF32 rounds the operands to 10 mantissa
-    bits, and a row term of size `|L|` would carry an error of about `|L| / 1000` into every
-    weight of its row.
+    Not for 16-bit tensors, and not where float32 products may run at lower precision: TF32
+    on a GPU (TensorFlow's and JAX's default, torch's when allowed) rounds the operands to 10
+    mantissa bits, and a row term of size `|L|` would carry an error of about `|L| / 1000`
+    into every weight of its row; TPUs round to bfloat16. So: TensorFlow with no TPU and no
+    GPU, or TF32 off; JAX on the CPU; torch without CUDA, or with TF32 off and "highest"
+    precision.
     """
     if any(ops.dtype(t) != "float32" for t in tensors):
         return False
-    if keras.backend.backend() != "tensorflow":
-        return True
-    import tensorflow as tf
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
 
-    return not (tf.config.list_physical_devices("GPU")
-                and tf.config.experimental.tensor_float_32_execution_enabled())
+        if tf.config.list_physical_devices("TPU"):
+            return False
+        return not (tf.config.list_physical_devices("GPU")
+                    and tf.config.experimental.tensor_float_32_execution_enabled())
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "cpu"
+    if backend == "torch":
+        import torch
+
+        return not torch.cuda.is_available() or (
+            torch.get_float32_matmul_precision() == "highest"
+            and not torch.backends.cuda.matmul.allow_tf32)
+    return True
 
 
 def _single_block_fn(blocking, dropout_rate: float = 0.0, seed=None):

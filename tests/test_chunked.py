@@ -206,9 +206,30 @@ def test_without_exact_float32_products_the_row_terms_stay_out(monkeypatch):
         out, grads = chunked_with_grads(q, k, v, g, fn=fn, valid_lens=lens, causal=True,
                                         **kwargs)
         check_against_numpy(out, grads, ref_out, ref_grads)
-    concat = "ConcatV2" in op_types(tf.function(lambda q: tf.gradients(
-        fused_dot_product_attention(q, q, q), q)), tf.constant(q))
-    assert not concat
+    for fn, kwargs in ((fused_dot_product_attention, {}),
+                       (chunked_dot_product_attention, {"chunk_size": 4, "causal": True})):
+        graph = tf.function(lambda q, fn=fn, kwargs=kwargs: tf.gradients(
+            fn(q, q, q, **kwargs), q))
+        assert "ConcatV2" not in op_types(graph, tf.constant(q)), fn.__name__
+
+
+def test_exact_products_only_for_float32_without_tf32_on_a_gpu(monkeypatch):
+    from keras_attn.chunked import _exact_products
+
+    x = tf.zeros((2, 3))
+    assert _exact_products(x, x)  # float32 on this CPU
+    assert not _exact_products(x, tf.cast(x, "bfloat16"))
+    visible = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["a GPU"] if kind == "GPU" else visible(kind))
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    try:
+        tf.config.experimental.enable_tensor_float_32_execution(True)
+        assert not _exact_products(x, x)
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+        assert _exact_products(x, x)
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)
 
 
 @pytest.mark.parametrize("masking", ["lens", "dense"])

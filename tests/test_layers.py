@@ -370,6 +370,23 @@ def test_fully_masked_rows_are_zero_in_low_precision():
         assert np.all(to_np(keras.ops.cast(out, "float32"))[0] == 0)
 
 
+@pytest.mark.parametrize("implementation", ["dense", "chunked"])
+def test_multi_head_appended_keys_with_a_query_mask_only(implementation):
+    """add_bias_kv / add_zero_attn append keys to the mask: a query mask alone, (B, T, 1) once
+    merged, is spread over the keys first, as an explicit (B, T, S) mask would be."""
+    rng = np.random.default_rng(31)
+    query = rng.normal(size=(2, 5, 8)).astype("float32")
+    memory = rng.normal(size=(2, 7, 8)).astype("float32")
+    query_mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    layer = ka.MultiHead(num_heads=2, key_dim=4, add_bias_kv=True, add_zero_attn=True,
+                         implementation=implementation)
+    out = layer(query, memory, query_mask=query_mask)
+    explicit = np.broadcast_to(query_mask[:, :, None], (2, 5, 7))
+    np.testing.assert_allclose(to_np(out), to_np(layer(query, memory, attention_mask=explicit)),
+                               atol=1e-6)
+    assert out.shape == (2, 5, 8) and np.all(np.isfinite(to_np(out)))
+
+
 # ---------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize(

@@ -275,13 +275,13 @@ class MultiHead(BaseAttention):
         k = self.split_heads(xla_dense(self.key_dense, key), self.key_dim)  # (B, H, S, dk)
         v = self.split_heads(xla_dense(self.value_dense, value), self.value_dim)  # (B, H, S, dv)
         if self.add_bias_kv:
+            mask = self._append_mask(mask, ops.shape(k)[2])
             k = self._append_key(k, ops.reshape(self.bias_k, (1, self.num_heads, 1, -1)))
             v = self._append_key(v, ops.reshape(self.bias_v, (1, self.num_heads, 1, -1)))
-            mask = self._append_mask(mask)
         if self.add_zero_attn:
+            mask = self._append_mask(mask, ops.shape(k)[2])
             k = self._append_key(k, ops.zeros((1, 1, 1, self.key_dim), k.dtype))
             v = self._append_key(v, ops.zeros((1, 1, 1, self.value_dim), v.dtype))
-            mask = self._append_mask(mask)
         return self._heads_attention(q, k, v, mask, training, need_weights, valid_lens,
                                      use_causal_mask, query_mask)
 
@@ -325,10 +325,12 @@ class MultiHead(BaseAttention):
         return ops.concatenate([x, extra], axis=2)  # (B, H, S + 1, d)
 
     @staticmethod
-    def _append_mask(mask):
-        """The appended key is always visible."""
+    def _append_mask(mask, key_len):
+        """The appended key is always visible. `mask` `(B, T, S)` or broadcastable to it (a
+        query mask `(B, T, 1)` is first spread over the `key_len` keys)."""
         if mask is None:
             return None
+        mask = ops.broadcast_to(mask, tuple(ops.shape(mask)[:-1]) + (key_len,))
         return ops.concatenate([mask, ops.ones_like(mask[..., :1])], axis=-1)
 
     def compute_output_shape(self, query_shape, key_shape=None, value_shape=None):
