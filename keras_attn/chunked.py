@@ -7,7 +7,8 @@
 weighted sum of values, rescaled whenever the maximum grows (Milakov & Gimelshein, 2018;
 Rabe & Staats, 2021). With exact float32 products (not 16-bit inputs, not TF32 on a GPU) the
 same state rides along as one more key (score: the log-sum-exp so far, value: the output so
-far), so that each block is one fused softmax (`_forward_rows_as_key`). Peak memory grows with `T · chunk_size` instead of `T · S`.
+far), so that each block is one fused softmax (`_forward_rows_as_key`). Peak memory grows
+with `T · chunk_size` instead of `T · S`.
 
 The gradient is a custom one (FlashAttention's backward, Dao et al., 2022): the forward pass
 keeps only the output and the per-row log-sum-exp `lse = m + log l`; the backward pass
