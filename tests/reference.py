@@ -1,0 +1,506 @@
+"""The one NumPy reference for the attention kernels and the modern blocks.
+
+Every function here is written straight from its formula, in float64 NumPy, with small
+shapes in mind: clarity over speed. Nothing here imports keras, TensorFlow or torch;
+``tests/test_reference.py`` checks these functions against torch, keras and keras-hub.
+
+Shape letters: ``T`` queries, ``S`` keys, ``d`` query/key depth, ``dv`` value depth,
+``H`` heads, ``B`` batch, ``V`` vocabulary. Leading axes written ``...`` broadcast.
+
+Conventions fixed here (the tests pin each one):
+
+* Masks are boolean, ``True`` = attend. A query row with no visible key gets all-zero
+  weights and a zero output (never NaN, never uniform), and zero gradients.
+* Masked positions contribute exactly nothing, even when ``k``/``v`` hold NaN or inf there.
+* ALiBi: ``alibi_bias`` is ``slope * (j - (i + offset))`` for every key ``j``, i.e. the
+  paper's ``-slope * (i - j)`` on the keys at or before the query, extended linearly past
+  it (a causal mask removes those). The paper's code and ``keras_hub.layers.AlibiBias``
+  add the same linear function shifted by a per-row constant, which softmax ignores.
+* Top-k keeps exactly the indices ``np.argsort(-logits, kind="stable")[:k]`` (ties go to
+  the lower index); top-p then keeps the shortest sorted prefix whose mass reaches ``p``.
+* GELU is the exact erf form unless ``approximate=True`` (the tanh form).
+* RoPE is the "rotate half" layout of ``keras_hub.layers.RotaryEmbedding``;
+  ``rope_interleaved`` is the RoFormer paper's pairing of dims ``(2i, 2i + 1)``.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "alibi_bias",
+    "alibi_slopes",
+    "attention",
+    "attention_grads",
+    "band_mask",
+    "causal_mask",
+    "gated_ffn",
+    "gelu",
+    "gnmt_length_penalty",
+    "keras_hub_alibi_bias",
+    "keras_sliding_window_mask",
+    "layer_norm",
+    "length_mask",
+    "rms_norm",
+    "rope",
+    "rope_interleaved",
+    "sampling_distribution",
+    "t5_bias",
+    "t5_relative_position_bucket",
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------
+
+
+def _f64(x):
+    return np.asarray(x, dtype=np.float64)
+
+
+def _sum_to_shape(x, shape):
+    """Sums ``x`` over the axes that broadcasting added or stretched, back to ``shape``."""
+    shape = tuple(shape)
+    x = np.sum(x, axis=tuple(range(x.ndim - len(shape)))) if x.ndim > len(shape) else x
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return np.sum(x, axis=stretched, keepdims=True) if stretched else x
+
+
+def _masked_matmul(a, b, mask):
+    """``a @ b`` over the key axis, skipping masked keys entirely.
+
+    a: ``(..., T, S)``, b: ``(..., S, n)``, mask: ``(..., T, S)`` bool -> ``(..., T, n)``.
+    A masked term is dropped, not multiplied by zero, so NaN/inf in ``b`` there is harmless.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        terms = a[..., :, :, None] * b[..., None, :, :]
+    return np.where(mask[..., :, :, None], terms, 0.0).sum(axis=-2)
+
+
+def _prepare(q, k, v, mask, bias, scale):
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    score_shape = np.broadcast_shapes(q.shape[:-1] + (1,), k.shape[:-2] + (1, k.shape[-2]))
+    if bias is not None:
+        bias = _f64(bias)
+        score_shape = np.broadcast_shapes(score_shape, bias.shape)
+    if mask is None:
+        mask = np.ones(score_shape, dtype=bool)
+    else:
+        mask = np.asarray(mask, dtype=bool)
+        score_shape = np.broadcast_shapes(score_shape, mask.shape)
+    mask = np.broadcast_to(mask, score_shape)
+    return q, k, v, mask, bias, float(scale)
+
+
+def _attention_weights(q, k, mask, bias, scale):
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if bias is not None:
+        scores = scores + bias
+    scores = np.where(mask, scores, -np.inf)  # masked entries replaced before exp
+    row_max = np.max(scores, axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # fully masked rows
+    e = np.where(mask, np.exp(scores - row_max), 0.0)
+    total = np.sum(e, axis=-1, keepdims=True)
+    return e / np.where(total > 0, total, 1.0)  # a row with no visible key stays all-zero
+
+
+# ---------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------
+
+
+def attention(q, k, v, mask=None, bias=None, scale=None):
+    """Scaled dot-product attention, softmax(scale * q k^T + bias) v, with a boolean mask.
+
+    Args:
+        q: ``(..., T, d)``; k: ``(..., S, d)``; v: ``(..., S, dv)``. Leading axes
+            broadcast, so grouped-query attention is a group axis: q ``(B, Hkv, G, T, d)``
+            against k, v ``(B, Hkv, 1, S, d)``.
+        mask: bool, broadcastable to ``(..., T, S)``; True = attend. None = all visible.
+        bias: float, broadcastable to ``(..., T, S)``, added to the scaled scores.
+        scale: multiplies ``q k^T``; defaults to ``1 / sqrt(d)``.
+
+    Returns:
+        ``(outputs, weights)``: ``(..., T, dv)`` and ``(..., T, S)``. A row with no True
+        in the mask has zero weights and a zero output. Masked keys contribute nothing
+        even where ``k``/``v`` are NaN or inf.
+    """
+    q, k, v, mask, bias, scale = _prepare(q, k, v, mask, bias, scale)
+    weights = _attention_weights(q, k, mask, bias, scale)
+    return _masked_matmul(weights, v, mask), weights
+
+
+def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None):
+    """Analytic gradients of ``sum(attention(q, k, v, mask, bias, scale)[0] * d_out)``.
+
+    With P the weights and dO = ``d_out`` ``(..., T, dv)``::
+
+        dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dP * P)),
+        dQ = scale * dS K,   dK = scale * dS^T Q,   dbias = dS.
+
+    Each gradient is summed over broadcast axes back to its input's shape. Returns
+    ``(dq, dk, dv, dbias)``; with ``bias=None``, dbias is dS at the full score shape
+    ``(..., T, S)`` (the gradient an additive score bias would get). Fully masked rows
+    give zero gradients; every sum skips masked (query, key) entries, so NaN/inf in a
+    masked key/value, or in a fully masked query row (or its ``d_out``), leaks into nothing.
+    """
+    q, k, v, mask, bias, scale = _prepare(q, k, v, mask, bias, scale)
+    d_out = _f64(d_out)
+    p = _attention_weights(q, k, mask, bias, scale)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dp = np.where(mask, d_out @ np.swapaxes(v, -1, -2), 0.0)
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    mask_t = np.swapaxes(mask, -1, -2)  # (..., S, T): the same entries, summed over T
+    dv = _masked_matmul(np.swapaxes(p, -1, -2), d_out, mask_t)
+    dq = scale * _masked_matmul(ds, k, mask)
+    dk = scale * _masked_matmul(np.swapaxes(ds, -1, -2), q, mask_t)
+    dbias = ds if bias is None else _sum_to_shape(ds, bias.shape)
+    return (
+        _sum_to_shape(dq, q.shape),
+        _sum_to_shape(dk, k.shape),
+        _sum_to_shape(dv, v.shape),
+        dbias,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Masks (boolean, True = attend)
+# ---------------------------------------------------------------------------------------
+
+
+def causal_mask(T, S, offset=0):
+    """``(T, S)``: key j visible to query i when ``j <= i + offset``.
+
+    ``offset = S - T`` aligns the last query with the last key (queries appended to a cache).
+    """
+    i = np.arange(T)[:, None]
+    j = np.arange(S)[None, :]
+    return j <= i + offset
+
+
+def length_mask(lens, T, S):
+    """Key-padding mask from lengths: key j visible when ``j < len``.
+
+    lens ``(B,)`` -> ``(B, 1, S)`` (one length per sequence, broadcast over queries);
+    lens ``(B, T)`` -> ``(B, T, S)`` (one length per query).
+    """
+    lens = np.asarray(lens)
+    j = np.arange(S)
+    if lens.ndim == 1:
+        return j[None, None, :] < lens[:, None, None]
+    if lens.ndim == 2 and lens.shape[1] == T:
+        return j[None, None, :] < lens[:, :, None]
+    raise ValueError(f"lens must be (B,) or (B, {T}); got {lens.shape}")
+
+
+def band_mask(T, S, window, offset=0):
+    """``(T, S)``: key j visible to query i when ``|i + offset - j| <= window``."""
+    i = np.arange(T)[:, None]
+    j = np.arange(S)[None, :]
+    return np.abs(i + offset - j) <= window
+
+
+def keras_sliding_window_mask(T, S, sliding_window):
+    """``(T, S)``: ``keras.layers.MultiHeadAttention(sliding_window=w)``'s band, ``|i - j| < w``.
+
+    Keras builds it as ``(1, T, S)`` from the positions 0.. of query and value (no cache
+    offset), so it is ``band_mask(T, S, w - 1)``; AND it with ``causal_mask`` for the
+    causal sliding window.
+    """
+    i = np.arange(T)[:, None]
+    j = np.arange(S)[None, :]
+    return np.abs(i - j) < sliding_window
+
+
+# ---------------------------------------------------------------------------------------
+# ALiBi (Press et al., 2022, "Train Short, Test Long", arXiv:2108.12409)
+# ---------------------------------------------------------------------------------------
+
+
+def alibi_slopes(num_heads, max_bias=8.0):
+    """``(H,)`` head slopes, as the paper's reference code builds them.
+
+    For ``n`` a power of two: the geometric sequence ``2^(-max_bias * (h + 1) / n)``,
+    ``h = 0..n-1`` (start and ratio ``2^(-8/n)`` with the paper's ``max_bias = 8``).
+    Otherwise: the slopes for the closest lower power of two ``c``, followed by every
+    other slope of ``2c`` (``[0::2]``), the first ``n - c`` of them.
+    ``max_bias`` is keras-hub's ``alibi_bias_max``.
+    """
+
+    def power_of_two(n):
+        return [2.0 ** (-max_bias * (h + 1) / n) for h in range(n)]
+
+    n = int(num_heads)
+    if n & (n - 1) == 0:
+        slopes = power_of_two(n)
+    else:
+        c = 2 ** math.floor(math.log2(n))
+        slopes = power_of_two(c) + power_of_two(2 * c)[0::2][: n - c]
+    return np.array(slopes, dtype=np.float64)
+
+
+def alibi_bias(num_heads, T, S, offset=0, symmetric=False, max_bias=8.0):
+    """``(H, T, S)`` ALiBi bias added to the scaled scores; query i sits at ``i + offset``.
+
+    symmetric=False (default): ``slope_h * (j - (i + offset))`` for every key j. On the keys
+        at or before the query this is the paper's ``-slope_h * (i + offset - j)``; past
+        the query it continues linearly (positive), which a causal mask removes. Each row
+        differs from the paper code's ``slope_h * j`` and from ``keras_hub_alibi_bias`` by
+        a per-row constant, which softmax ignores.
+    symmetric=True: ``-slope_h * |i + offset - j|`` (the bidirectional variant; not a
+        per-row shift of the other).
+    """
+    m = alibi_slopes(num_heads, max_bias)[:, None, None]
+    rel = np.arange(S)[None, :] - (np.arange(T)[:, None] + offset)  # j - (i + offset)
+    rel = rel.astype(np.float64)[None]
+    return -m * np.abs(rel) if symmetric else m * rel
+
+
+def keras_hub_alibi_bias(num_heads, S, alibi_bias_max=8):
+    """``(1, H, 1, S)``: exactly what ``keras_hub.layers.AlibiBias`` adds to its input scores.
+
+    ``slope_h * (j - (S - 1))`` for key j, the same for every query row; it equals
+    ``alibi_bias(H, T, S, offset)[h, i, j] + slope_h * (i + offset - (S - 1))``, so it is
+    zero-shifted for the query at position ``S - 1`` and otherwise a per-row constant away.
+    """
+    m = alibi_slopes(num_heads, alibi_bias_max)[:, None]
+    rel = np.arange(1 - S, 1, dtype=np.float64)[None, :]
+    return (m * rel)[None, :, None, :]
+
+
+# ---------------------------------------------------------------------------------------
+# T5 relative position buckets (Raffel et al., 2020)
+# ---------------------------------------------------------------------------------------
+
+
+def t5_relative_position_bucket(
+    relative_position, bidirectional=True, num_buckets=32, max_distance=128
+):
+    """T5's bucket of ``relative_position = key_pos - query_pos`` (int array, any shape).
+
+    As mesh_tensorflow ``_relative_position_bucket`` / HF ``T5Attention``:
+    bidirectional: half the buckets for keys after the query (``rel > 0``, upper half),
+    half for keys at or before it, on ``n = |rel|``; unidirectional: ``n = max(-rel, 0)``
+    (keys after the query share bucket 0). Within ``nb`` buckets, ``n < nb // 2`` is its
+    own bucket; larger ``n`` go to ``nb//2 + int(log(n / (nb//2)) / log(max_distance /
+    (nb//2)) * (nb - nb//2))``, capped at ``nb - 1`` (so ``n >= max_distance`` share the
+    last bucket). Computed in float64; the float32 of the reference code gives the same
+    buckets for every tested setting.
+    """
+    rel = np.asarray(relative_position, dtype=np.int64)
+    buckets = np.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (rel > 0).astype(np.int64) * num_buckets
+        n = np.abs(rel)
+    else:
+        n = -np.minimum(rel, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    n_large = np.maximum(n, max_exact).astype(np.float64)  # small n never use this branch
+    if_large = max_exact + (
+        np.log(n_large / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).astype(np.int64)
+    if_large = np.minimum(if_large, num_buckets - 1)
+    return buckets + np.where(is_small, n, if_large)
+
+
+def t5_bias(table, T, S, bidirectional=True, num_buckets=32, max_distance=128, offset=0):
+    """``(H, T, S)`` T5 bias: ``table[bucket(j - (i + offset)), h]``, table ``(num_buckets, H)``."""
+    rel = np.arange(S)[None, :] - (np.arange(T)[:, None] + offset)
+    buckets = t5_relative_position_bucket(rel, bidirectional, num_buckets, max_distance)
+    return np.moveaxis(_f64(table)[buckets], -1, 0)
+
+
+# ---------------------------------------------------------------------------------------
+# Rotary position embedding (Su et al., 2021, RoFormer)
+# ---------------------------------------------------------------------------------------
+
+
+def _rope_angles(positions, d, max_wavelength, scaling_factor):
+    """``(..., T, d/2)`` angles ``pos * max_wavelength^(-2i/d) / scaling_factor``."""
+    if d % 2:
+        raise ValueError(f"rotary depth must be even, got {d}")
+    inv_freq = max_wavelength ** (-np.arange(0, d, 2, dtype=np.float64) / d) / scaling_factor
+    return _f64(positions)[..., None] * inv_freq
+
+
+def rope(x, positions, max_wavelength=10000, scaling_factor=1.0):
+    """Rotary embedding, "rotate half" layout, as ``keras_hub.layers.RotaryEmbedding``.
+
+    x ``(..., T, d)``, positions ``(T,)`` (or broadcastable to ``x.shape[:-1]``). Dim i
+    of the first half pairs with dim ``i + d/2``, rotated by ``theta_i = pos *
+    max_wavelength^(-2i/d) / scaling_factor``::
+
+        out[:d/2] = x1 cos - x2 sin,   out[d/2:] = x2 cos + x1 sin.
+
+    keras-hub's ``start_index=s`` is ``positions = s + arange(T)``.
+    """
+    x = _f64(x)
+    theta = _rope_angles(positions, x.shape[-1], max_wavelength, scaling_factor)
+    cos, sin = np.cos(theta), np.sin(theta)
+    x1, x2 = np.split(x, 2, axis=-1)
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rope_interleaved(x, positions, max_wavelength=10000, scaling_factor=1.0):
+    """Rotary embedding as in the RoFormer paper: dims ``(2i, 2i + 1)`` rotate by theta_i.
+
+    Same angles as ``rope``; ``rope(x[..., perm]) == rope_interleaved(x)[..., perm]`` with
+    ``perm = concat(arange(0, d, 2), arange(1, d, 2))``.
+    """
+    x = _f64(x)
+    theta = _rope_angles(positions, x.shape[-1], max_wavelength, scaling_factor)
+    cos, sin = np.cos(theta), np.sin(theta)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty(np.broadcast_shapes(x.shape, theta.shape[:-1] + (x.shape[-1],)))
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Normalization
+# ---------------------------------------------------------------------------------------
+
+
+def rms_norm(x, scale=None, epsilon=1e-6, axis=-1):
+    """``x / sqrt(mean(x^2) + epsilon) * scale``, as ``keras.layers.RMSNormalization``.
+
+    epsilon sits inside the square root (the layer's default is 1e-6); the weight is
+    named ``scale``. No centering, no offset.
+    """
+    x = _f64(x)
+    out = x / np.sqrt(np.mean(x * x, axis=axis, keepdims=True) + epsilon)
+    return out if scale is None else out * _f64(scale)
+
+
+def layer_norm(x, gamma=None, beta=None, epsilon=1e-3, axis=-1):
+    """``(x - mean) / sqrt(var + epsilon) * gamma + beta`` with the population variance.
+
+    As ``keras.layers.LayerNormalization`` (default epsilon 1e-3, inside the root).
+    """
+    x = _f64(x)
+    mean = np.mean(x, axis=axis, keepdims=True)
+    var = np.mean((x - mean) ** 2, axis=axis, keepdims=True)
+    out = (x - mean) / np.sqrt(var + epsilon)
+    if gamma is not None:
+        out = out * _f64(gamma)
+    if beta is not None:
+        out = out + _f64(beta)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Gated feed-forward (Shazeer, 2020, "GLU Variants Improve Transformer")
+# ---------------------------------------------------------------------------------------
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def gelu(x, approximate=False):
+    """Exact ``x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))``; ``approximate=True``: the tanh form
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    x = _f64(x)
+    if approximate:
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _activation(name, approximate):
+    if name in ("swish", "silu"):
+        return lambda z: z / (1.0 + np.exp(-z))
+    if name == "gelu":
+        return lambda z: gelu(z, approximate)
+    if name == "relu":
+        return lambda z: np.maximum(z, 0.0)
+    if name == "sigmoid":
+        return lambda z: 1.0 / (1.0 + np.exp(-z))
+    if name == "linear":
+        return lambda z: z
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def gated_ffn(
+    x,
+    w_gate,
+    w_up,
+    w_down,
+    activation="swish",
+    b_gate=None,
+    b_up=None,
+    b_down=None,
+    approximate=False,
+):
+    """``(act(x W_gate + b_gate) * (x W_up + b_up)) W_down + b_down``.
+
+    x ``(..., d)``, w_gate and w_up ``(d, f)``, w_down ``(f, d_out)``; biases optional.
+    activation: "swish"/"silu" (SwiGLU), "gelu" (GEGLU; exact erf unless
+    ``approximate=True``), "relu" (ReGLU), "sigmoid" (GLU), "linear" (bilinear).
+    """
+    x = _f64(x)
+    act = _activation(activation, approximate)
+
+    def affine(z, w, b):
+        out = z @ _f64(w)
+        return out if b is None else out + _f64(b)
+
+    hidden = act(affine(x, w_gate, b_gate)) * affine(x, w_up, b_up)
+    return affine(hidden, w_down, b_down)
+
+
+# ---------------------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------------------
+
+
+def sampling_distribution(logits, temperature=1.0, top_k=None, top_p=None):
+    """``(..., V)``: the distribution a correct sampler draws the next token from.
+
+    In order: ``logits / temperature``; top-k keeps exactly the indices
+    ``np.argsort(-logits, kind="stable")[:k]`` (ties go to the lower index); top-p
+    (nucleus, Holtzman et al., 2020) on the top-k renormalized distribution keeps the
+    shortest prefix of the sorted tokens whose cumulative probability reaches ``p`` (the
+    token that crosses ``p`` is kept, and always at least one token), i.e. the sorted
+    token r is kept when the mass strictly before it is ``< p``; then renormalize.
+    ``temperature=0`` is greedy: one-hot at the first argmax.
+    """
+    logits = _f64(logits)
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    if top_k is not None and top_k < 1:
+        raise ValueError("top_k must be >= 1 or None")
+    order = np.argsort(-logits, axis=-1, kind="stable")
+    keep = np.ones(logits.shape, dtype=bool)  # in sorted order
+    if temperature == 0:
+        keep[..., 1:] = False
+        scaled = np.zeros(logits.shape)
+    else:
+        scaled = np.take_along_axis(logits, order, axis=-1) / temperature
+    if top_k is not None:
+        keep[..., top_k:] = False
+
+    def renormalized(keep):
+        top = np.max(np.where(keep, scaled, -np.inf), axis=-1, keepdims=True)
+        e = np.where(keep, np.exp(scaled - top), 0.0)
+        return e / np.sum(e, axis=-1, keepdims=True)
+
+    probs = renormalized(keep)
+    if top_p is not None:
+        cumulative = np.cumsum(probs, axis=-1)
+        before = np.concatenate([np.zeros_like(probs[..., :1]), cumulative[..., :-1]], axis=-1)
+        keep = keep & (before < top_p)
+        keep[..., 0] = True
+        probs = renormalized(keep)
+    out = np.zeros(logits.shape)
+    np.put_along_axis(out, order, probs, axis=-1)
+    return out
+
+
+def gnmt_length_penalty(length, alpha):
+    """GNMT length penalty (Wu et al., 2016): ``((5 + length) / 6) ** alpha``."""
+    return ((5.0 + _f64(length)) / 6.0) ** alpha
