@@ -51,3 +51,23 @@ def check_bool(name: str, value) -> None:
     """Raise unless `value` is a bool."""
     if not isinstance(value, bool):
         _fail(name, "a bool", value)
+
+
+def check_number(name: str, value, minimum: float | None = None, strict: bool = False,
+                 allow_none: bool = False) -> None:
+    """Raise unless `value` is a finite real number (not a bool), `> minimum` when `strict`,
+    else `>= minimum` (no bound when `minimum` is None); None passes when `allow_none`."""
+    if value is None and allow_none:
+        return
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_))
+    if not number or not np.isfinite(value) or (
+            minimum is not None and (value <= minimum if strict else value < minimum)):
+        bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum}"
+        _fail(name, f"a finite number{bound}", value)
+
+
+def check_one_of(name: str, value, options) -> None:
+    """Raise unless `value` is one of `options`."""
+    if value not in options:
+        _fail(name, "one of " + ", ".join(repr(option) for option in options), value)

@@ -8,10 +8,7 @@ import tensorflow as tf
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
-from keras_attn.layers.linear_attention import (
-    linear_attention,
-    linear_attention_weights,
-)
+from keras_attn.ops import linear_attention, linear_attention_weights
 
 rng = np.random.default_rng(0)
 

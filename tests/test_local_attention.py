@@ -9,10 +9,7 @@ from layer_test_utils import run_layer_test
 
 import keras_attn as ka
 from keras_attn import ops as attn_ops
-from keras_attn.layers.local_attention import (
-    local_attention_mask,
-    local_dot_product_attention,
-)
+from keras_attn.ops import local_attention_mask, local_dot_product_attention
 
 rng = np.random.default_rng(0)
 

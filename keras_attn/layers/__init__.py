@@ -6,12 +6,8 @@ from keras_attn.layers.bahdanau import BahdanauCell, BahdanauDecoder, BahdanauEn
 from keras_attn.layers.base import BaseAttention
 from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.ffn import FFN
-from keras_attn.layers.linear_attention import LinearAttention, linear_attention
-from keras_attn.layers.local_attention import (
-    LocalMultiHead,
-    local_attention_mask,
-    local_dot_product_attention,
-)
+from keras_attn.layers.linear_attention import LinearAttention
+from keras_attn.layers.local_attention import LocalMultiHead
 from keras_attn.layers.multi_head import MultiHead
 from keras_attn.layers.nw_pooling import NWPooling
 from keras_attn.layers.position_encoding import (
@@ -25,6 +21,8 @@ from keras_attn.layers.swin import (
     SwinBlock,
     WindowAttention,
 )
+# Kernels that earlier releases exported from here; they live in keras_attn.ops.
+from keras_attn.ops import linear_attention, local_attention_mask, local_dot_product_attention
 from keras_attn.layers.transformer import (
     TransformerDecoder,
     TransformerDecoderBlock,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn.layers.base import check_rate
+from keras_attn._checks import check_number, check_rate
 from keras_attn.layers.dropout import Dropout
 
 
@@ -34,11 +34,7 @@ class AddNorm(keras.layers.Layer):
                  **kwargs):
         super().__init__(**kwargs)
         check_rate("dropout", dropout)
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or epsilon <= 0:
-            raise ValueError(
-                "Received an invalid value for argument `epsilon`, expected a positive float. "
-                f"Received: epsilon={epsilon!r}"
-            )
+        check_number("epsilon", epsilon, 0, strict=True)
         self.dropout = dropout
         self.epsilon = epsilon
         self.seed = seed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn import ops as attn_ops
 from keras_attn.layers.base import BaseAttention, check_positive_int
 
 
@@ -68,21 +67,15 @@ class AdditiveAttention(BaseAttention):
         key_shape = query_shape if key_shape is None else key_shape
         value_shape = key_shape if value_shape is None else value_shape
         self.check_inputs(query_shape, key_shape, value_shape)
-        for name, shape in (("query", query_shape), ("key", key_shape), ("value", value_shape)):
-            if len(shape) != 3:
-                raise ValueError(
-                    f"Argument `{name}` must have shape (batch_size, length, dim). "
-                    f"Received: {name}.shape={tuple(shape)}"
-                )
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.score_dense.build(tuple(key_shape[:-1]) + (self.units,))
 
-    def attend(self, query, key, value, mask, training):
+    def attend(self, query, key, value, mask, training, need_weights=True):
         q = ops.expand_dims(self.query_dense(query), 2)  # (B, T, 1, u)
         k = ops.expand_dims(self.key_dense(key), 1)  # (B, 1, S, u)
         scores = ops.squeeze(self.score_dense(ops.tanh(q + k)), -1)  # (B, T, S)
-        weights = ops.cast(attn_ops.masked_softmax(scores, mask=mask), value.dtype)
+        weights = ops.cast(self.masked_weights(scores, mask), value.dtype)
         outputs = ops.matmul(self.dropout_weights(weights, training), value)  # (B, T, dv)
         return outputs, weights
 

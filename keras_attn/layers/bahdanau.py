@@ -14,8 +14,8 @@ from keras_attn import ops as attn_ops
 from keras_attn.layers.additive_attention import AdditiveAttention
 from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.dropout import Dropout
+from keras_attn.tokens import PAD_ID
 
-PAD_ID = 0
 
 
 def _check_sizes(vocab_size, embed_dim, units, num_layers, dropout) -> None:

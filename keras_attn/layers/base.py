@@ -2,16 +2,21 @@
 
 `BaseAttention.call(query, key=None, value=None, valid_lens=None, attention_mask=None,
 use_causal_mask=False, return_attention_scores=False, training=None)` resolves the defaults
-(`key` = `query`, `value` = `key`), merges every kind of mask into one boolean `(B, T, S)` mask
-(True = attend), and hands the work to the subclass's `attend`.
+(`key` = `query`, `value` = `key`), casts integer inputs to the compute dtype, checks ranks and
+sizes, turns every mask (arguments and Keras implicit masks) into one `AttentionMask`, zeroes the
+inputs at positions the mask hides everywhere, and hands the work to the subclass's `attend`.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import keras
+from keras import ops
 
 from keras_attn import ops as attn_ops
-from keras_attn._checks import check_positive_int, check_rate  # noqa: F401 (re-exported)
+from keras_attn._checks import check_int, check_positive_int, check_rate  # noqa: F401
+from keras_attn.ops import AttentionMask
 
 
 def check_last_dim(name: str, shape, expected, other: str) -> None:
@@ -23,11 +28,20 @@ def check_last_dim(name: str, shape, expected, other: str) -> None:
         )
 
 
-class BaseAttention(keras.layers.Layer):
-    """Base class: argument defaults, mask merging and the shared return convention.
+def _zero_where_hidden(x, valid):
+    """`x` `(B, L, ...)` with the positions where `valid` `(B, L)` is False set to 0."""
+    valid = ops.reshape(valid, tuple(ops.shape(valid)) + (1,) * (len(x.shape) - 2))
+    return ops.where(valid, x, ops.zeros_like(x))
 
-    Subclasses implement `attend(query, key, value, mask, training)` returning
-    `(outputs, weights)`, and `build(query_shape, key_shape=None, value_shape=None)`.
+
+class BaseAttention(keras.layers.Layer):
+    """Base class: argument defaults, input checks, the mask, the return convention.
+
+    Subclasses implement `attend(query, key, value, mask, training, need_weights)` returning
+    `(outputs, weights)` (`mask` an `AttentionMask` or None), `build`,
+    `compute_output_shape(query_shape, key_shape=None, value_shape=None)` and, when they return
+    weights, `weights_shape(query_shape, key_shape)`. `input_ranks` lists the ranks the inputs
+    may have.
 
     Args:
         dropout: float in [0, 1), dropout on the attention weights. Defaults to `0.0`.
@@ -35,25 +49,25 @@ class BaseAttention(keras.layers.Layer):
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
     """
 
+    input_ranks: tuple[int, ...] = (3,)
+
     def __init__(self, dropout: float = 0.0, seed: int | None = None, **kwargs):
         super().__init__(**kwargs)
         check_rate("dropout", dropout)
+        check_int("seed", seed, 0, allow_none=True)
         self.dropout = dropout
         self.seed = seed
         self.supports_masking = True
         self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
 
     def check_inputs(self, query_shape, key_shape, value_shape) -> None:
-        """Batch sizes agree and keys and values have the same length."""
-        if len(query_shape) < 2:
-            raise ValueError(
-                "Argument `query` must have shape (batch_size, query_len, ...). "
-                f"Received: query.shape={tuple(query_shape)}"
-            )
-        for name, shape in (("key", key_shape), ("value", value_shape)):
-            if len(shape) < 2:
+        """Ranks are among `input_ranks`, batch sizes agree, keys and values have one length."""
+        ranks = " or ".join(str(r) for r in self.input_ranks)
+        for name, shape in (("query", query_shape), ("key", key_shape), ("value", value_shape)):
+            if len(shape) not in self.input_ranks:
                 raise ValueError(
-                    f"Argument `{name}` must have shape (batch_size, key_len, ...). "
+                    f"Argument `{name}` must have rank {ranks}: (batch_size, length"
+                    f"{', dim' if 3 in self.input_ranks else ''}). "
                     f"Received: {name}.shape={tuple(shape)}"
                 )
             if None not in (shape[0], query_shape[0]) and shape[0] != query_shape[0]:
@@ -73,6 +87,29 @@ class BaseAttention(keras.layers.Layer):
             return attn_ops.dropout(weights, self.dropout, seed=self.seed_generator)
         return weights
 
+    @staticmethod
+    def masked_weights(scores, mask):
+        """Float32 softmax weights of `(B, T, S)` scores under `mask` (an `AttentionMask` or
+        None): hidden keys and padded queries get exactly zero weight."""
+        if mask is None:
+            return attn_ops.masked_softmax(scores)
+        weights = attn_ops.masked_softmax(scores, mask=mask.block(rank=len(scores.shape)))
+        if mask.query_valid is not None:
+            weights = _zero_where_hidden(weights, mask.query_valid)
+        return weights
+
+    def as_float(self, name: str, x):
+        """`x` as a floating tensor: integers and booleans are cast to the compute dtype."""
+        x = ops.convert_to_tensor(x)
+        dtype = keras.backend.standardize_dtype(x.dtype)
+        if keras.backend.is_float_dtype(dtype):
+            return x
+        if "int" in dtype or dtype == "bool":
+            return ops.cast(x, self.compute_dtype)
+        raise ValueError(
+            f"Argument `{name}` must be numeric. Received: {name}.dtype={dtype}"
+        )
+
     def prepare(
         self,
         query,
@@ -86,42 +123,57 @@ class BaseAttention(keras.layers.Layer):
         value_mask=None,
         key_len=None,
         causal_offset=0,
-        fold_query_mask=True,
+        window=None,
+        num_global=0,
     ):
-        """Resolve `key`/`value` defaults and merge all masks into one `(B, T, S)` mask.
+        """Resolve defaults, check the inputs, build the `AttentionMask`.
 
-        `key_len` overrides the number of keys (a decoding cache is longer than `key`).
-        With `fold_query_mask=False` the (explicit or implicit) query mask is left out of the
-        merged mask, so a key mask alone stays `(B, 1, S)`; the caller then zeroes the padded
-        queries' outputs itself (see `query_padding_mask`).
-        Returns `(key, value, mask)`; `mask` is None when nothing masks.
+        `key_len` overrides the number of keys (a decoding cache is longer than `key`); the
+        implicit mask of the query is then not taken as the keys' (the cache holds earlier
+        keys). Inputs at positions hidden from every query are zeroed, so a non-finite number
+        there reaches neither outputs nor gradients.
+
+        Returns:
+            `(query, key, value, mask)`: float tensors and an `AttentionMask` (None when
+            nothing masks).
         """
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
         # Keras implicit masks (e.g. Embedding(mask_zero=True)) ride on the tensors.
-        query_mask = self.query_padding_mask(query, query_mask)
-        if self_attention:
-            key_mask = query_mask
+        query_mask = query_mask if query_mask is not None else getattr(query, "_keras_mask",
+                                                                      None)
+        if key_len is not None:
+            key_mask = key_mask if key_mask is not None else value_mask
+        elif self_attention:
+            key_mask = query_mask if key_mask is None else key_mask
         elif key_mask is None:
             key_mask = value_mask if value_mask is not None else getattr(key, "_keras_mask", None)
-        mask = attn_ops.merge_masks(
-            keras.ops.shape(query)[1],
-            keras.ops.shape(key)[1] if key_len is None else key_len,
-            valid_lens=valid_lens,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            query_mask=query_mask if fold_query_mask else None,
-            key_mask=key_mask,
-            causal_offset=causal_offset,
-            batch_size=query.shape[0],
+        # Keys that are the queries, with the queries' padding: zeroing the queries zeroes them.
+        keys_follow_queries = self_attention and key_mask is query_mask and valid_lens is None
+        inputs = {"query": query, "key": key, "value": value}
+        query = self.as_float("query", query)
+        key = query if inputs["key"] is inputs["query"] else self.as_float("key", key)
+        value = key if inputs["value"] is inputs["key"] else self.as_float("value", value)
+        self.check_inputs(query.shape, key.shape, value.shape)
+        mask = AttentionMask.build(
+            ops.shape(query)[1], ops.shape(key)[1] if key_len is None else key_len,
+            query.shape[0], valid_lens, attention_mask, use_causal_mask, causal_offset,
+            window, num_global, query_mask, key_mask,
         )
-        return key, value, mask
-
-    @staticmethod
-    def query_padding_mask(query, query_mask=None):
-        """The `(B, T)` query mask `prepare` folds in: `query_mask` or the implicit Keras one."""
-        return query_mask if query_mask is not None else getattr(query, "_keras_mask", None)
+        if not mask.masks_keys and mask.query_valid is None:
+            return query, key, value, None
+        if mask.query_valid is not None:
+            zeroed = _zero_where_hidden(query, mask.query_valid)
+            if keys_follow_queries:
+                key = value = zeroed
+            query = zeroed
+        visible = None if keys_follow_queries or key_len is not None else mask.key_visible()
+        if visible is not None:
+            same = value is key
+            key = _zero_where_hidden(key, visible)
+            value = key if same else _zero_where_hidden(value, visible)
+        return query, key, value, mask
 
     def call(
         self,
@@ -137,17 +189,36 @@ class BaseAttention(keras.layers.Layer):
         key_mask=None,
         value_mask=None,
     ):
-        key, value, mask = self.prepare(
+        query, key, value, mask = self.prepare(
             query, key, value, valid_lens, attention_mask, use_causal_mask,
             query_mask, key_mask, value_mask,
         )
-        outputs, weights = self.attend(query, key, value, mask, training)
+        outputs, weights = self.attend(query, key, value, mask, training,
+                                       need_weights=bool(return_attention_scores))
         if return_attention_scores:
             return outputs, weights
         return outputs
 
-    def attend(self, query, key, value, mask, training):  # pragma: no cover - abstract
+    def attend(self, query, key, value, mask, training, need_weights=True):  # pragma: no cover
         raise NotImplementedError
+
+    def weights_shape(self, query_shape, key_shape) -> tuple:
+        """Shape of the attention weights: `(B, T, S)`."""
+        return (query_shape[0], query_shape[1], key_shape[1])
+
+    def compute_output_spec(self, *args, **kwargs):
+        bound = inspect.signature(self.call).bind(*args, **kwargs).arguments
+        query, key, value = bound["query"], bound.get("key"), bound.get("value")
+        key = query if key is None else key
+        value = key if value is None else value
+        outputs = keras.KerasTensor(
+            self.compute_output_shape(query.shape, key.shape, value.shape),
+            dtype=self.compute_dtype)
+        if not bound.get("return_attention_scores", False):
+            return outputs
+        weights = keras.KerasTensor(self.weights_shape(query.shape, key.shape),
+                                    dtype=self.compute_dtype)
+        return outputs, weights
 
     def get_config(self):
         config = super().get_config()

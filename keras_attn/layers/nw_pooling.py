@@ -5,7 +5,6 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn import ops as attn_ops
 from keras_attn.layers.base import BaseAttention
 
 
@@ -50,6 +49,8 @@ class NWPooling(BaseAttention):
         Nadaraya, 1964; Watson, 1964; d2l.ai section 11.2 "Attention Pooling".
     """
 
+    input_ranks = (2, 3)
+
     def __init__(
         self,
         learnable: bool = False,
@@ -71,29 +72,27 @@ class NWPooling(BaseAttention):
         key_shape = query_shape if key_shape is None else key_shape
         value_shape = key_shape if value_shape is None else value_shape
         self.check_inputs(query_shape, key_shape, value_shape)
-        if len(query_shape) not in (2, 3) or len(key_shape) != len(query_shape):
-            raise ValueError(
-                "Arguments `query` and `key` must both be (batch_size, len) scalars or both "
-                "(batch_size, len, dim) vectors. Received: "
-                f"query.shape={tuple(query_shape)}, key.shape={tuple(key_shape)}"
-            )
         known = len(query_shape) == 3 and None not in (query_shape[-1], key_shape[-1])
         if known and query_shape[-1] != key_shape[-1]:
             raise ValueError(
                 "Arguments `query` and `key` must have the same feature size. Received: "
                 f"query.shape={tuple(query_shape)}, key.shape={tuple(key_shape)}"
             )
-        if len(value_shape) not in (2, 3):
-            raise ValueError(
-                "Argument `value` must have shape (batch_size, key_len) or "
-                f"(batch_size, key_len, dim). Received: value.shape={tuple(value_shape)}"
-            )
         if self.learnable:
             self.width = self.add_weight(
                 name="width", shape=(), initializer=self.width_initializer
             )
 
-    def attend(self, query, key, value, mask, training):
+    def check_inputs(self, query_shape, key_shape, value_shape) -> None:
+        super().check_inputs(query_shape, key_shape, value_shape)
+        if len(key_shape) != len(query_shape):
+            raise ValueError(
+                "Arguments `query` and `key` must both be (batch_size, len) scalars or both "
+                "(batch_size, len, dim) vectors. Received: "
+                f"query.shape={tuple(query_shape)}, key.shape={tuple(key_shape)}"
+            )
+
+    def attend(self, query, key, value, mask, training, need_weights=True):
         diff = ops.expand_dims(query, 2) - ops.expand_dims(key, 1)  # (B, T, S[, d])
         if self.learnable:
             diff = diff * ops.cast(self.width, diff.dtype)
@@ -101,7 +100,7 @@ class NWPooling(BaseAttention):
         squared = ops.square(diff)
         if len(diff.shape) == 4:
             squared = ops.sum(squared, axis=-1)  # (B, T, S)
-        weights = attn_ops.masked_softmax(-0.5 * squared, mask=mask)  # (B, T, S)
+        weights = self.masked_weights(-0.5 * squared, mask)  # (B, T, S)
         weights = ops.cast(weights, value.dtype)
         pooled = self.dropout_weights(weights, training)
         if len(value.shape) == 2:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.layers.base import check_rate
+from keras_attn._checks import check_number, check_rate
 from keras_attn.layers.dropout import Dropout
 
 
@@ -68,13 +68,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if isinstance(max_wavelength, bool) or not isinstance(max_wavelength, (int, float)) or (
-            max_wavelength <= 0
-        ):
-            raise ValueError(
-                "Received an invalid value for argument `max_wavelength`, expected a positive "
-                f"number. Received: max_wavelength={max_wavelength!r}"
-            )
+        check_number("max_wavelength", max_wavelength, 0, strict=True)
         check_rate("dropout", dropout)
         self.max_wavelength = max_wavelength
         self.dropout = dropout
@@ -90,6 +84,13 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             )
 
     def call(self, inputs, start_index=0, training=None):
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if not keras.backend.is_float_dtype(dtype):
+            if "int" not in dtype and dtype != "bool":
+                raise ValueError(
+                    f"Argument `inputs` must be numeric. Received: inputs.dtype={dtype}"
+                )
+            inputs = ops.cast(inputs, self.compute_dtype)  # never add in integers
         length, dim = ops.shape(inputs)[1], inputs.shape[-1]
         table = sinusoidal_table(length, dim, self.max_wavelength, start_index)  # (T, d)
         outputs = ops.cast(ops.cast(inputs, "float32") + table, inputs.dtype)  # (B, T, d)
@@ -97,6 +98,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+    def compute_output_spec(self, inputs, start_index=0, training=None):
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from keras_attn import ops as attn_ops
+from keras_attn._checks import check_number
 from keras_attn.layers.base import BaseAttention, check_last_dim
 
 
@@ -39,11 +40,7 @@ class ScaledDotAttention(BaseAttention):
         self, dropout: float = 0.0, scale: float | None = None, seed: int | None = None, **kwargs
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
-        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-            raise ValueError(
-                f"Received an invalid value for argument `scale`, expected a float or None. "
-                f"Received: scale={scale!r}"
-            )
+        check_number("scale", scale, allow_none=True)
         self.scale = scale
 
     def build(self, query_shape, key_shape=None, value_shape=None):
@@ -52,7 +49,7 @@ class ScaledDotAttention(BaseAttention):
         self.check_inputs(query_shape, key_shape, value_shape)
         check_last_dim("key", key_shape, query_shape[-1], "query")
 
-    def attend(self, query, key, value, mask, training):
+    def attend(self, query, key, value, mask, training, need_weights=True):
         return attn_ops.dot_product_attention(
             query,
             key,
@@ -62,6 +59,8 @@ class ScaledDotAttention(BaseAttention):
             dropout_rate=self.dropout,
             training=bool(training),
             seed=self.seed_generator,
+            return_weights=need_weights,
+            zero_masked_inputs=False,
         )
 
     def compute_output_shape(self, query_shape, key_shape=None, value_shape=None):

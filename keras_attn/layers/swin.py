@@ -9,8 +9,6 @@ wrapped around apart. `PatchEmbedding` and `PatchMerging` build and downsample t
 
 from __future__ import annotations
 
-import math
-
 import keras
 import numpy as np
 from keras import ops
@@ -170,24 +168,19 @@ class WindowAttention(BaseAttention):
         bias = ops.take(self.relative_position_bias_table, self.index, axis=0)  # (M⁴, H)
         return ops.transpose(ops.reshape(bias, (tokens, tokens, self.num_heads)), (2, 0, 1))
 
-    def _split_heads(self, x):
-        x = ops.reshape(x, (-1, self.window_size**2, self.num_heads, self.head_dim))
-        return ops.transpose(x, (0, 2, 1, 3))  # (B · nW, H, M², d)
+    def attend(self, query, key, value, mask, training, need_weights=True):
+        q = attn_ops.split_heads(self.query_dense(query), self.num_heads)  # (B · nW, H, M², d)
+        k = attn_ops.split_heads(self.key_dense(key), self.num_heads)
+        v = attn_ops.split_heads(self.value_dense(value), self.num_heads)
+        context, weights = attn_ops.dot_product_attention(
+            q, k, v, mask, dropout_rate=self.dropout, training=bool(training),
+            seed=self.seed_generator, bias=self.relative_position_bias()[None],
+            return_weights=need_weights, zero_masked_inputs=False,
+        )  # (B · nW, H, M², d), (B · nW, H, M², M²)
+        return self.output_dense(attn_ops.merge_heads(context)), weights
 
-    def attend(self, query, key, value, mask, training):
-        q = self._split_heads(self.query_dense(query))  # (B · nW, H, M², d)
-        k = self._split_heads(self.key_dense(key))
-        v = self._split_heads(self.value_dense(value))
-        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
-        scores = ops.cast(ops.matmul(q, ops.swapaxes(k, -1, -2)), "float32")  # (B·nW, H, N, N)
-        scores = scores + ops.cast(self.relative_position_bias(), "float32")[None]
-        if mask is not None:
-            mask = ops.expand_dims(ops.cast(mask, "bool"), 1)  # (B · nW, 1, N, N)
-        weights = ops.cast(attn_ops.masked_softmax(scores, mask=mask), v.dtype)
-        context = ops.matmul(self.dropout_weights(weights, training), v)  # (B · nW, H, N, d)
-        context = ops.transpose(context, (0, 2, 1, 3))  # (B · nW, N, H, d)
-        context = ops.reshape(context, (-1, self.window_size**2, self.num_heads * self.head_dim))
-        return self.output_dense(context), weights  # (B · nW, N, C), (B · nW, H, N, N)
+    def weights_shape(self, query_shape, key_shape) -> tuple:
+        return (query_shape[0], self.num_heads, query_shape[1], key_shape[1])
 
     def compute_output_shape(self, query_shape, key_shape=None, value_shape=None):
         return tuple(query_shape)

@@ -14,7 +14,7 @@ import math
 import keras
 from keras import ops
 
-from keras_attn._checks import check_bool
+from keras_attn._checks import check_bool, check_number
 from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.dropout import Dropout
@@ -22,8 +22,8 @@ from keras_attn.layers.ffn import FFN
 from keras_attn.layers.local_attention import LocalMultiHead
 from keras_attn.layers.multi_head import MultiHead
 from keras_attn.layers.position_encoding import SinusoidalPositionEncoding
+from keras_attn.tokens import PAD_ID
 
-PAD_ID = 0
 
 
 def _get_activation(activation):
@@ -81,11 +81,7 @@ class _TransformerBlock(keras.layers.Layer):
         self.ffn_dim = ffn_dim
         self.dropout = dropout
         self.norm_first = norm_first
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or epsilon <= 0:
-            raise ValueError(
-                "Received an invalid value for argument `epsilon`, expected a positive float. "
-                f"Received: epsilon={epsilon!r}"
-            )
+        check_number("epsilon", epsilon, 0, strict=True)
         self.activation = _get_activation(activation)
         self.epsilon = epsilon
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -378,27 +374,16 @@ class TransformerDecoderBlock(_TransformerBlock):
 
         # Cross-attention to the encoder, source padding hidden.
         h = self._before(self.cross_attention_norm, x)
-        if cross_attention_cache is None:
-            h, weights = self.cross_attention(
-                h,
-                encoder_outputs,
-                query_mask=decoder_padding_mask,
-                key_mask=encoder_padding_mask,
-                return_attention_scores=True,
-                training=training,
-            )  # (B, T, d), (B, H, T, S)
-        else:
-            source_mask = None
-            if encoder_padding_mask is not None:
-                source_mask = ops.expand_dims(ops.cast(encoder_padding_mask, "bool"), 1)
-            h, _, weights = self.cross_attention(
-                h,
-                attention_mask=source_mask,  # (B, 1, S)
-                query_mask=decoder_padding_mask,
-                return_attention_scores=True,
-                training=training,
-                cache=cross_attention_cache,
-            )  # (B, T, d), (B, H, T, S)
+        h, *rest = self.cross_attention(
+            h,
+            encoder_outputs if cross_attention_cache is None else None,
+            query_mask=decoder_padding_mask,
+            key_mask=encoder_padding_mask,
+            return_attention_scores=True,
+            training=training,
+            cache=cross_attention_cache,
+        )  # (B, T, d), [cache,] (B, H, T, S)
+        weights = rest[-1]
         x = self._after(self.cross_attention_norm, x, h, training)
 
         # Position-wise feed-forward network.

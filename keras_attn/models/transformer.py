@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn.layers.transformer import PAD_ID, TransformerDecoder, TransformerEncoder
+from keras_attn.layers.transformer import TransformerDecoder, TransformerEncoder
+from keras_attn.tokens import PAD_ID
 
 
 def transformer_seq2seq(

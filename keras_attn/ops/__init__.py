@@ -1,0 +1,51 @@
+"""Pure tensor functions for attention, written with `keras.ops`.
+
+- `masks`: the one mask representation, `AttentionMask`, and the small builders
+  (`sequence_mask`, `causal_mask`, `local_attention_mask`, `merge_masks`);
+- `softmax`, `dropout`: float32 masked softmax, 16-bit dropout masks;
+- `heads`: splitting projections into heads and merging them back;
+- `attention`: `dot_product_attention`, the one dispatch over the kernels in `kernels/`
+  (dense with a fused backward, blockwise, local, and the linear kernel beside them).
+
+Every mask is boolean with **True = attend**. A query row with nothing to attend to gets
+all-zero weights and a zero output: never NaN, never uniform attention over padding. Scores and
+softmax run in float32 whatever the input dtype.
+"""
+
+from keras_attn.ops.attention import IMPLEMENTATIONS, dot_product_attention
+from keras_attn.ops.dropout import dropout
+from keras_attn.ops.heads import merge_heads, split_heads
+from keras_attn.ops.kernels.linear import (
+    elu_feature_map,
+    linear_attention,
+    linear_attention_weights,
+)
+from keras_attn.ops.local import local_dot_product_attention
+from keras_attn.ops.masks import (
+    AttentionMask,
+    causal_mask,
+    local_attention_mask,
+    merge_masks,
+    sequence_mask,
+    valid_lens_mask,
+)
+from keras_attn.ops.softmax import masked_softmax
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "AttentionMask",
+    "causal_mask",
+    "dot_product_attention",
+    "dropout",
+    "elu_feature_map",
+    "linear_attention",
+    "linear_attention_weights",
+    "local_attention_mask",
+    "local_dot_product_attention",
+    "masked_softmax",
+    "merge_heads",
+    "merge_masks",
+    "sequence_mask",
+    "split_heads",
+    "valid_lens_mask",
+]

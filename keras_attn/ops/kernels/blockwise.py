@@ -1,0 +1,338 @@
+"""The blockwise kernel: exact attention over blocks of keys with an online softmax.
+
+`blockwise_attention` computes exactly `softmax(q kᵀ + bias) v` without ever holding the
+`(T, S)` scores or weights. Keys (and optionally queries) are visited in blocks; each query row
+keeps a running maximum `m`, a running sum `l` and a running weighted sum of values, rescaled
+whenever the maximum grows (Milakov & Gimelshein, 2018; Rabe & Staats, 2021). Peak memory grows
+with `T · chunk_size` instead of `T · S`.
+
+The gradient is FlashAttention's (Dao et al., 2022): the forward pass keeps the output and the
+per-row log-sum-exp `L = m + log l`; the backward pass recomputes each block's weights
+`P = exp(q kⱼᵀ - L)` and accumulates `dVⱼ = Pᵀ dO`, `dS = P ⊙ (dO Vⱼᵀ - δ)` with
+`δ = rowsum(dO ⊙ O)`, `dQ += dS Kⱼ`, `dKⱼ = dSᵀ Q`. Nothing of size `T · S` is stored.
+
+Masks come as an `AttentionMask` and are built one tile at a time; key blocks that no query of a
+block can see (above a causal diagonal, past the longest sequence, outside a window) are skipped.
+When every key fits in one block and queries are not blocked, this is the dense kernel's fused
+path. Dropout is not supported here: a block's mask would have to be drawn again identically in
+the backward pass, which Keras' seeded random ops cannot do portably.
+"""
+
+from __future__ import annotations
+
+from keras import ops
+
+from keras_attn import tuning
+from keras_attn.ops.kernels.common import (
+    EMPTY_ROW_LSE,
+    append_column,
+    matmul_minus_rows,
+    scores,
+    sum_to_shape,
+)
+from keras_attn.ops.kernels.dense import dense_attention
+from keras_attn.ops.masks import MASK_VALUE, AttentionMask
+
+
+def _rows(x):
+    return x.shape[-2] if x.shape[-2] is not None else ops.shape(x)[-2]
+
+
+def _blocks(length, block: int):
+    """Number of blocks of size `block` covering `length` (int or scalar tensor), and padding."""
+    num = -(-length // block) if isinstance(length, int) else (length + block - 1) // block
+    return num, num * block - length
+
+
+def _pad(x, axis: int, amount):
+    """Pad `amount` entries of zeros at the end of `axis` (axes of size 1 broadcast: kept)."""
+    if x is None or x.shape[axis] == 1 or (isinstance(amount, int) and amount == 0):
+        return x
+    widths = [[0, 0] for _ in x.shape]
+    widths[axis % len(x.shape)][1] = amount
+    return ops.pad(x, widths)
+
+
+def _slice(x, axis: int, start, size: int):
+    """`x[..., start:start + size, ...]` along `axis`; an axis of size 1 stays whole."""
+    axis %= len(x.shape)
+    if x.shape[axis] == 1:
+        return x
+    starts = [0] * len(x.shape)
+    starts[axis] = start
+    shape = list(ops.shape(x))
+    shape[axis] = size
+    return ops.slice(x, starts, shape)
+
+
+def _lead_shape(q, k) -> tuple:
+    """The leading axes of the outputs: `q`'s and `k`'s broadcast against each other."""
+    q_dims, k_dims = ops.shape(q)[:-2], ops.shape(k)[:-2]
+    return tuple(k_dim if q.shape[i] == 1 else q_dim
+                 for i, (q_dim, k_dim) in enumerate(zip(q_dims, k_dims)))
+
+
+class _Blocks:
+    """What the forward and backward passes share: block sizes, the mask, the bias."""
+
+    def __init__(self, rank, mask, bias, chunk, num_key_blocks, q_chunk, num_query_blocks):
+        self.rank = rank
+        self.mask = mask
+        self.bias = bias
+        self.chunk = chunk
+        self.num_key_blocks = num_key_blocks
+        self.q_chunk = q_chunk
+        self.num_query_blocks = num_query_blocks
+
+    def key_blocks(self, row_start, rows):
+        """`(first, count)`: the key blocks that the queries `[row_start, row_start + rows)`
+        can see."""
+        if self.mask is None:
+            return 0, self.num_key_blocks
+        first, end = self.mask.key_range(row_start, rows)
+        first_block = first // self.chunk
+        count = (end + self.chunk - 1) // self.chunk - first_block
+        return first_block, ops.clip(count, 0, self.num_key_blocks)
+
+    def tile(self, row_start, rows, col_start):
+        if self.mask is None:
+            return None
+        return self.mask.block(row_start, rows, col_start, self.chunk, self.rank)
+
+    def bias_tile(self, bias, row_start, rows, col_start):
+        if bias is None:
+            return None
+        return _slice(_slice(bias, -2, row_start, rows), -1, col_start, self.chunk)
+
+    def key_loop(self, row_start, rows, body, init):
+        """Run `body(col_start, carry)` over the visible key blocks."""
+        if isinstance(self.num_key_blocks, int) and self.num_key_blocks == 1:
+            return body(0, init)
+        first, count = self.key_blocks(row_start, rows)
+        return tuning.fori_loop(count, lambda j, carry: body((first + j) * self.chunk, carry),
+                                init)
+
+
+def _forward_rows(blocks, q_rows, k, v, bias, row_start):
+    """Online softmax over the key blocks for one block of queries: float32 outputs
+    `(..., rows, dv)` and log-sum-exp `(..., rows, 1)`."""
+    rows = _rows(q_rows)
+    value_depth = v.shape[-1]
+    # P [V, 1] = [P V, rowsum(P)]: the row sums ride along in the product with the values.
+    fold = tuning.fold_row_terms(q_rows, v)
+    values = append_column(v, 1.0) if fold else v
+
+    def body(col_start, carry):
+        row_max, row_sum, acc = carry
+        k_block = _slice(k, -2, col_start, blocks.chunk)  # (..., c, d)
+        v_block = _slice(values, -2, col_start, blocks.chunk)  # (..., c, dv [+ 1])
+        s = scores(q_rows, k_block, blocks.tile(row_start, rows, col_start),
+                   blocks.bias_tile(bias, row_start, rows, col_start))  # (..., rows, c)
+        new_max = ops.maximum(row_max, ops.max(s, axis=-1, keepdims=True))  # (..., rows, 1)
+        # Masked entries are exp(-1e30 - max) = 0 once a row has seen a real score; before
+        # that they count 1 each, and the rescale exp(-1e30 - max) = 0 wipes them later.
+        probs = ops.exp(s - new_max)  # (..., rows, c)
+        rescale = ops.exp(row_max - new_max)  # (..., rows, 1)
+        context = ops.cast(tuning.matmul(ops.cast(probs, v.dtype), v_block), "float32")
+        if fold:
+            block_sum, context = context[..., value_depth:], context[..., :value_depth]
+        else:
+            block_sum = ops.sum(probs, axis=-1, keepdims=True)
+        return new_max, rescale * row_sum + block_sum, rescale * acc + context
+
+    lead = _lead_shape(q_rows, k) + (rows,)
+    init = (ops.full(lead + (1,), MASK_VALUE, "float32"), ops.zeros(lead + (1,), "float32"),
+            ops.zeros(lead + (value_depth,), "float32"))
+    row_max, row_sum, acc = blocks.key_loop(row_start, rows, body, init)
+    if blocks.mask is None:
+        return acc / row_sum, row_max + ops.log(row_sum)
+    # A row whose running max never left -1e30 had nothing to attend to: zero output, and an
+    # lse that makes every recomputed weight of the row 0 in the backward pass.
+    has_keys = ops.greater(row_max, 0.5 * MASK_VALUE)  # (..., rows, 1)
+    safe_sum = ops.where(has_keys, row_sum, 1.0)
+    return (ops.where(has_keys, acc / safe_sum, 0.0),
+            ops.where(has_keys, row_max + ops.log(safe_sum), EMPTY_ROW_LSE))
+
+
+def _backward_rows(blocks, q_rows, k, v, bias, d_out, delta, lse, row_start, carry):
+    """Gradients for one block of queries: `(dq_rows, dk, dv, d_bias)`, adding this block's
+    share into the key, value and bias gradients of `carry`."""
+    rows = _rows(q_rows)
+    fold = tuning.fold_row_terms(q_rows, v)
+    accumulate = blocks.q_chunk is not None  # other query blocks add to the same keys
+
+    def body(col_start, carry):
+        dq_rows, dk, dv, d_bias = carry
+        k_block = _slice(k, -2, col_start, blocks.chunk)  # (..., c, d)
+        v_block = _slice(v, -2, col_start, blocks.chunk)  # (..., c, dv)
+        tile = blocks.tile(row_start, rows, col_start)
+        bias_tile = blocks.bias_tile(bias, row_start, rows, col_start)
+        # The block's weights, recomputed: exp(q kᵀ + bias - lse).
+        shifted = matmul_minus_rows(q_rows, k_block, lse, fold)  # (..., rows, c)
+        if bias_tile is not None:
+            shifted = shifted + ops.cast(bias_tile, "float32")
+        if tile is not None:
+            shifted = ops.where(tile, shifted, MASK_VALUE)
+        probs = ops.exp(shifted)  # (..., rows, c)
+        d_v = tuning.matmul_transposed(ops.cast(probs, d_out.dtype), d_out)  # (..., c, dv)
+        d_scores = probs * matmul_minus_rows(d_out, v_block, delta, fold)  # (..., rows, c)
+        d_scores_q = ops.cast(d_scores, q_rows.dtype)
+        dq_rows = dq_rows + ops.cast(tuning.matmul(d_scores_q, ops.cast(k_block, q_rows.dtype)),
+                                     "float32")
+        d_k = ops.cast(sum_to_shape(tuning.matmul_transposed(d_scores_q, q_rows), k.shape),
+                       "float32")  # (..., c, d)
+        d_v = ops.cast(sum_to_shape(d_v, v.shape), "float32")
+        starts = [0] * (len(k.shape) - 2) + [col_start, 0]
+        if accumulate:
+            d_k = d_k + _slice(dk, -2, col_start, blocks.chunk)
+            d_v = d_v + _slice(dv, -2, col_start, blocks.chunk)
+        dk = ops.slice_update(dk, starts, d_k)
+        dv = ops.slice_update(dv, starts, d_v)
+        if bias_tile is not None:
+            d_bias = _add_bias_block(d_bias, sum_to_shape(d_scores, bias_tile.shape), bias,
+                                     row_start, col_start)
+        return dq_rows, dk, dv, d_bias
+
+    dq_rows = ops.zeros(ops.shape(q_rows), "float32")
+    return blocks.key_loop(row_start, rows, body, (dq_rows,) + tuple(carry))
+
+
+def _add_bias_block(d_bias, block, bias, row_start, col_start):
+    """Add a tile's bias gradient into the `d_bias` buffer (broadcast axes accumulate)."""
+    rank = len(bias.shape)
+    starts = [0] * rank
+    if bias.shape[-2] != 1:
+        starts[-2] = row_start
+    if bias.shape[-1] != 1:
+        starts[-1] = col_start
+    block = ops.cast(block, "float32")
+    current = ops.slice(d_bias, starts, ops.shape(block))
+    return ops.slice_update(d_bias, starts, current + block)
+
+
+def _attention_fn(blocks, with_bias: bool):
+    """The custom-gradient function of (scaled query, padded key, padded value[, bias])."""
+
+    def forward(q, k, v, bias):
+        if blocks.q_chunk is None:
+            return _forward_rows(blocks, q, k, v, bias, 0)
+        lead = _lead_shape(q, k) + (_rows(q),)
+
+        def body(i, carry):
+            outputs, lse = carry
+            row_start = i * blocks.q_chunk
+            q_rows = _slice(q, -2, row_start, blocks.q_chunk)  # (..., rq, d)
+            out_rows, lse_rows = _forward_rows(blocks, q_rows, k, v, bias, row_start)
+            starts = [0] * (len(lead) - 1) + [row_start, 0]
+            return (ops.slice_update(outputs, starts, out_rows),
+                    ops.slice_update(lse, starts, lse_rows))
+
+        init = (ops.zeros(lead + (v.shape[-1],), "float32"), ops.zeros(lead + (1,), "float32"))
+        return tuning.fori_loop(blocks.num_query_blocks, body, init)
+
+    def backward(q, k, v, bias, outputs, lse, upstream):
+        d_out = ops.cast(upstream, v.dtype)
+        # rowsum(dO ⊙ O): the softmax Jacobian's diagonal correction, one number per row.
+        delta = ops.sum(ops.cast(d_out, "float32") * outputs, axis=-1, keepdims=True)
+        carry = (ops.zeros(ops.shape(k), "float32"), ops.zeros(ops.shape(v), "float32"),
+                 None if bias is None else ops.zeros(ops.shape(bias), "float32"))
+        if bias is None:
+            carry = carry[:2] + (ops.zeros((), "float32"),)
+        if blocks.q_chunk is None:
+            return _backward_rows(blocks, q, k, v, bias, d_out, delta, lse, 0, carry)
+
+        def body(i, carry):
+            dq, dk, dv, d_bias = carry
+            row_start = i * blocks.q_chunk
+            q_rows, d_rows, delta_rows, lse_rows = (
+                _slice(x, -2, row_start, blocks.q_chunk) for x in (q, d_out, delta, lse))
+            dq_rows, dk, dv, d_bias = _backward_rows(
+                blocks, q_rows, k, v, bias, d_rows, delta_rows, lse_rows, row_start,
+                (dk, dv, d_bias))
+            starts = [0] * (len(dq.shape) - 2) + [row_start, 0]
+            return ops.slice_update(dq, starts, dq_rows), dk, dv, d_bias
+
+        return tuning.fori_loop(blocks.num_query_blocks, body,
+                                (ops.zeros(ops.shape(q), "float32"),) + carry)
+
+    def run(q, k, v, bias):
+        outputs, lse = forward(q, k, v, bias)
+
+        def grads(upstream):
+            dq, dk, dv, d_bias = backward(q, k, v, bias, outputs, lse, upstream)
+            result = (ops.cast(dq, q.dtype), ops.cast(dk, k.dtype), ops.cast(dv, v.dtype))
+            return result + ((ops.cast(d_bias, bias.dtype),) if bias is not None else ())
+
+        return ops.cast(outputs, v.dtype), grads
+
+    if with_bias:
+        @ops.custom_gradient
+        def attend_with_bias(q, k, v, bias):
+            outputs, grads = run(q, k, v, bias)
+            return outputs, lambda *args, upstream=None: grads(args[0] if upstream is None
+                                                               else upstream)
+
+        return attend_with_bias
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        outputs, grads = run(q, k, v, None)
+        return outputs, lambda *args, upstream=None: grads(args[0] if upstream is None
+                                                           else upstream)
+
+    return attend
+
+
+def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
+                        chunk_size: int | None = None, query_chunk_size: int | None = None):
+    """`softmax(q kᵀ + bias) v` in blocks of keys, never holding `(T, S)`.
+
+    Args:
+        q: scaled queries `(..., T, d)`.
+        k: keys `(..., S, d)`; leading axes broadcast against `q`'s.
+        v: values `(..., S, dv)`.
+        mask: optional `AttentionMask` (its query padding is the caller's to apply).
+        bias: optional float bias broadcastable to `(..., T, S)`.
+        chunk_size: keys per block; None sizes blocks by `keras_attn.tuning.auto_chunk_size`.
+        query_chunk_size: optional queries per block: a block then holds
+            `query_chunk_size · chunk_size` scores, and causal attention skips the blocks
+            above the diagonal; the backward pass then adds each block's key gradients into
+            an `(S, d)` buffer, so it pays mainly for causal attention.
+
+    Returns:
+        Outputs `(..., T, dv)` in the dtype of `v`; rows with nothing to attend to are zero,
+        with zero gradient.
+    """
+    rank = max(len(q.shape), 3)
+    query_len, key_len = _rows(q), _rows(k)
+    q_chunk = query_chunk_size
+    if q_chunk is not None and isinstance(query_len, int) and q_chunk >= query_len:
+        q_chunk = None
+    if chunk_size is None:
+        chunk_size = tuning.auto_chunk_size(query_len if q_chunk is None else q_chunk)
+    chunk = min(chunk_size, key_len) if isinstance(key_len, int) else chunk_size
+    if q_chunk is None and isinstance(key_len, int) and chunk >= key_len:
+        tile = None if mask is None else mask.block(rank=rank)
+        return dense_attention(q, k, v, tile, bias, return_weights=False)[0]
+
+    num_key_blocks, key_pad = _blocks(key_len, chunk)
+    query_pad, num_query_blocks = 0, None
+    if q_chunk is not None:
+        num_query_blocks, query_pad = _blocks(query_len, q_chunk)
+    if mask is None:
+        mask = AttentionMask(query_len, key_len)
+    mask = mask.padded(query_pad, key_pad)
+    if not mask.masks_keys:
+        mask = None
+    k, v = _pad(k, -2, key_pad), _pad(v, -2, key_pad)  # (..., S_pad, ·)
+    q = _pad(q, -2, query_pad)  # (..., T_pad, d); padded rows are dropped below
+    if bias is not None:
+        bias = _pad(_pad(ops.convert_to_tensor(bias), -1, key_pad), -2, query_pad)
+    blocks = _Blocks(rank, mask, bias, chunk, num_key_blocks, q_chunk, num_query_blocks)
+    if bias is None:
+        outputs = _attention_fn(blocks, False)(q, k, v)  # (..., T_pad, dv)
+    else:
+        outputs = _attention_fn(blocks, True)(q, k, v, bias)
+    if not (isinstance(query_pad, int) and query_pad == 0):
+        outputs = _slice(outputs, -2, 0, query_len)  # (..., T, dv)
+    return outputs

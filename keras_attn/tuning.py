@@ -1,0 +1,286 @@
+"""Speed paths tuned on particular hardware, each behind a switch.
+
+Nothing here changes what attention computes, only how fast it runs and how much memory it
+holds on the way. Each path was measured on one machine (a shared 2-core AMD EPYC CPU, no GPU,
+TensorFlow 2.21; the figures are in `benchmarks/RESULTS.md`, section "Tuning switches") and is a
+hypothesis about any other: measure again on a GPU or another CPU, and turn a switch off where it
+does not pay.
+
+Switches, read on every trace (set them with `configure`, before building the graph):
+
+- `loop_parallelism` (int or None, default 2): iterations in flight in the key-block loops of
+  the blockwise kernel under TensorFlow (`tf.while_loop(parallel_iterations=...)`). TensorFlow's
+  default of 10 computes up to ten `(T, chunk)` score blocks ahead, which multiplies the peak
+  memory; 1 leaves a core idle. None uses the backend's default. Other backends loop one
+  iteration at a time anyway.
+- `block_budget` (int, default 2**25) and `min_chunk_size` (int, default 128): `chunk_size=None`
+  in the blockwise kernel picks the largest power of two, at least `min_chunk_size`, that keeps
+  one block at `block_budget` scores per sequence and head.
+- `fold_row_terms` (bool, default True): where float32 products are exact, a per-row term rides
+  along in a product as one more column (`[Q, -L] [K, 1]ᵀ = Q Kᵀ - L`), saving one pass over a
+  `(T, S)` block. Never for 16-bit inputs, TF32 or TPU products (the term would be rounded),
+  never under XLA (which fuses the pass itself).
+- `squeeze_single_matrix` (bool, default True): a batched product whose batch axes are all 1
+  runs as a 2-D product (TensorFlow's CPU kernels run the batched form of one matrix slower).
+- `xla_barriers` (bool, default True): under TensorFlow's `jit_compile=True`, optimization
+  barriers around head transposes and the backward's transposed products, which XLA's CPU
+  kernels would otherwise fold into slow product forms.
+- `xla_dense_projections` (bool, default True): under XLA, `MultiHead`'s projections use a
+  Dense product whose kernel gradient reads a transposed copy (`xla_dense`).
+
+Example:
+>>> from keras_attn import tuning
+>>> with tuning.configure(loop_parallelism=1, fold_row_terms=False):
+...     outputs, _ = keras_attn.ops.dot_product_attention(q, k, v, implementation="chunked")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import keras
+from keras import ops
+
+from keras_attn._checks import check_bool, check_int
+
+
+@dataclasses.dataclass
+class Switches:
+    """The current settings; see the module docstring for each."""
+
+    loop_parallelism: int | None = 2
+    block_budget: int = 2**25
+    min_chunk_size: int = 128
+    fold_row_terms: bool = True
+    squeeze_single_matrix: bool = True
+    xla_barriers: bool = True
+    xla_dense_projections: bool = True
+
+
+SWITCHES = Switches()
+
+
+def _check_switch(name: str, value) -> None:
+    if name == "loop_parallelism":
+        check_int(name, value, 1, allow_none=True)
+    elif name in ("block_budget", "min_chunk_size"):
+        check_int(name, value, 1)
+    elif name in {field.name for field in dataclasses.fields(Switches)}:
+        check_bool(name, value)
+    else:
+        raise ValueError(
+            f"Received an unknown tuning switch `{name}`, expected one of "
+            f"{[field.name for field in dataclasses.fields(Switches)]}. Received: {name}={value!r}"
+        )
+
+
+@contextlib.contextmanager
+def _restoring(previous: dict):
+    try:
+        yield SWITCHES
+    finally:
+        for name, value in previous.items():
+            setattr(SWITCHES, name, value)
+
+
+def configure(**switches: Any):
+    """Set switches; the settings hold until changed again, or until the `with` block ends
+    when used as a context manager.
+
+    Args:
+        **switches: switch names and values, e.g. `loop_parallelism=1`.
+
+    Returns:
+        A context manager that restores the previous values on exit (ignore it to keep the new
+        values).
+    """
+    for name, value in switches.items():
+        _check_switch(name, value)
+    previous = {name: getattr(SWITCHES, name) for name in switches}
+    for name, value in switches.items():
+        setattr(SWITCHES, name, value)
+    return _restoring(previous)
+
+
+# ---- loops and block sizes -----------------------------------------------------------------
+
+def fori_loop(upper, body, init):
+    """`keras.ops.fori_loop(0, upper, body, init)`, with `loop_parallelism` iterations in
+    flight under TensorFlow."""
+    if keras.backend.backend() == "tensorflow" and SWITCHES.loop_parallelism is not None:
+        import tensorflow as tf
+
+        return tf.while_loop(lambda i, _: i < upper, lambda i, carry: (i + 1, body(i, carry)),
+                             (0, init), parallel_iterations=SWITCHES.loop_parallelism)[1]
+    return ops.fori_loop(0, upper, body, init)
+
+
+def auto_chunk_size(query_len) -> int:
+    """The key-block size that `chunk_size=None` means for `query_len` rows per block: the
+    largest power of two, at least `min_chunk_size`, keeping a block at `block_budget` scores
+    (512 when `query_len` is unknown)."""
+    if not isinstance(query_len, int) or query_len <= 0:
+        return 512
+    size = SWITCHES.min_chunk_size
+    while size * 2 * query_len <= SWITCHES.block_budget:
+        size *= 2
+    return size
+
+
+# ---- products --------------------------------------------------------------------------------
+
+def matmul(a, b):
+    """`a @ b` over the last two axes; as a 2-D product when every batch axis is 1
+    (`squeeze_single_matrix`)."""
+    lead = tuple(a.shape[:-2]) + tuple(b.shape[:-2])
+    if (not SWITCHES.squeeze_single_matrix or not lead or any(dim != 1 for dim in lead)
+            or len(a.shape) != len(b.shape)):
+        return ops.matmul(a, b)
+    batch_axes = tuple(range(len(a.shape) - 2))
+    out = ops.matmul(ops.squeeze(a, axis=batch_axes), ops.squeeze(b, axis=batch_axes))
+    for _ in batch_axes:
+        out = ops.expand_dims(out, 0)
+    return out
+
+
+def matmul_transposed(a, b):
+    """`aᵀ @ b` for a tall `a` `(..., n, m)`, computed as `(bᵀ a)ᵀ` so the big operand is read
+    in its stored order; under XLA behind a barrier (`xla_barriers`), or XLA folds it back into
+    the transposed-operand product its CPU kernel runs about 3x slower."""
+    return ops.swapaxes(xla_barrier(matmul(ops.swapaxes(b, -1, -2), a)), -1, -2)
+
+
+def exact_float32_products(*tensors) -> bool:
+    """Whether products of these tensors are exact float32 ones: not 16-bit, not TF32 on a GPU
+    (TensorFlow's and JAX's default there, torch's when allowed), not on a TPU (bfloat16
+    passes)."""
+    if any(ops.dtype(t) != "float32" for t in tensors):
+        return False
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.config.list_physical_devices("TPU"):
+            return False
+        return not (tf.config.list_physical_devices("GPU")
+                    and tf.config.experimental.tensor_float_32_execution_enabled())
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "cpu"
+    if backend == "torch":
+        import torch
+
+        return not torch.cuda.is_available() or (
+            torch.get_float32_matmul_precision() == "highest"
+            and not torch.backends.cuda.matmul.allow_tf32)
+    return False
+
+
+def exceeds_block_budget(scores) -> bool:
+    """Whether a `(..., T, S)` tensor may hold more than `block_budget` entries per head
+    (unknown sizes count as more). The dense kernel's backward folds its row term only below
+    that size: above it, its peak memory varied from run to run."""
+    rows, cols = scores.shape[-2], scores.shape[-1]
+    return rows is None or cols is None or rows * cols > SWITCHES.block_budget
+
+
+def fold_row_terms(*tensors) -> bool:
+    """Whether a per-row term may ride along in products of `tensors` (`fold_row_terms`)."""
+    return (SWITCHES.fold_row_terms and exact_float32_products(*tensors)
+            and not in_xla_context())
+
+
+# ---- XLA ---------------------------------------------------------------------------------------
+
+def in_xla_context() -> bool:
+    """Whether the ops being traced will be compiled by XLA (TensorFlow's `jit_compile=True`).
+
+    Reads TensorFlow's own check (`control_flow_util.GraphOrParentsInXlaContext`, the one its
+    gradient code uses), which is not public API: if it moves, this reads as "no XLA".
+    """
+    if keras.backend.backend() != "tensorflow":
+        return False
+    try:
+        import tensorflow as tf
+        from tensorflow.python.ops import control_flow_util
+
+        if tf.executing_eagerly():
+            return False
+        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    except (ImportError, AttributeError):  # a moved private API must not break attention
+        return False
+
+
+def xla_barrier(x: Any) -> Any:
+    """`x` itself; under XLA (and `xla_barriers`), `x` behind an optimization barrier in both
+    passes, so XLA materializes it as written instead of folding a layout change into the
+    products on either side. Elsewhere nothing is added."""
+    if not SWITCHES.xla_barriers or not in_xla_context():
+        return x
+    import tensorflow as tf
+
+    try:
+        from tensorflow.compiler.tf2xla.ops import gen_xla_ops
+    except ImportError:  # not public API either: without it, no barrier
+        return x
+
+    def barrier(t):
+        return gen_xla_ops.xla_optimization_barrier([t])[0]
+
+    @tf.custom_gradient
+    def identity(t):
+        # The gradient is this function again, so that it can be differentiated in turn.
+        return barrier(t), identity
+
+    return identity(x)
+
+
+def xla_dense(layer: keras.layers.Dense, inputs: Any) -> Any:
+    """`layer(inputs)` for a built `keras.layers.Dense`; under XLA (and
+    `xla_dense_projections`), the same product with a kernel gradient `(xᵀ) dy` that reads a
+    transposed copy of `x` (behind a barrier), the form XLA's CPU kernels run faster than the
+    first-axis contraction `xᵀ dy`. Layers with LoRA, quantized weights or an activity
+    regularizer always take `layer(inputs)`.
+
+    Args:
+        layer: a built `keras.layers.Dense`.
+        inputs: `(..., m)` with `m` the layer's input size.
+
+    Returns:
+        `(..., units)`, equal to `layer(inputs)`.
+    """
+    if (not SWITCHES.xla_dense_projections or not in_xla_context()
+            or getattr(layer, "lora_enabled", False)
+            or getattr(layer, "quantization_mode", None) is not None or not layer.built
+            or layer.activity_regularizer is not None):
+        return layer(inputs)
+    import tensorflow as tf
+
+    dtype = layer.compute_dtype
+    kernel = ops.cast(layer.kernel, dtype)  # (m, n)
+    m, n = kernel.shape
+    params = (kernel,) if layer.bias is None else (kernel, ops.cast(layer.bias, dtype))
+
+    @tf.custom_gradient
+    def dense(x, kernel, *bias):
+        rows = ops.reshape(x, (-1, m))  # (B·T, m)
+        y = ops.matmul(rows, kernel)
+        if bias:
+            y = y + bias[0]
+        y = ops.reshape(y, tuple(ops.shape(x)[:-1]) + (n,))
+
+        def grad(upstream):
+            d_rows = ops.reshape(upstream, (-1, n))  # (B·T, n)
+            d_x = ops.reshape(ops.matmul(d_rows, ops.transpose(kernel)), ops.shape(x))
+            d_kernel = ops.matmul(xla_barrier(ops.transpose(rows)), d_rows)  # (m, n)
+            if not bias:
+                return d_x, d_kernel
+            d_bias = ops.cast(ops.sum(ops.cast(d_rows, "float32"), axis=0), dtype)
+            return d_x, d_kernel, d_bias
+
+        return y, grad
+
+    return layer.activation(dense(ops.cast(inputs, dtype), *params))
