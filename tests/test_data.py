@@ -1,7 +1,9 @@
 """Tests of keras_attn.data: kernel regression data, dates task, tab-separated pair loader."""
 
+import ast
 import calendar
 import datetime
+import pathlib
 import re
 
 import numpy as np
@@ -379,3 +381,45 @@ def test_load_tatoeba_70k_lines(tmp_path):
     assert sum(1 for _ in data.make_dataset("train", batch_size=256)) == -(
         -len(data.train) // 256
     )
+
+
+# ---------------------------------------------------------------- reserved token ids
+
+
+def test_reserved_ids_come_from_keras_attn_tokens():
+    from keras_attn import data as data_package
+    from keras_attn import export, metrics, tokens
+    from keras_attn.data import translation
+
+    for module in (translation, data_package):
+        for name in ("PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "BOS", "EOS", "RESERVED_TOKENS"):
+            assert getattr(module, name) is getattr(tokens, name), (module.__name__, name)
+    assert metrics.PAD_ID is tokens.PAD_ID
+    assert translation.RESERVED_TOKENS is tokens.RESERVED_TOKENS
+    assert build_vectorizer(["a"], max_length=2).get_vocabulary()[:4] == list(
+        tokens.RESERVED_TOKENS
+    )
+    # No module defines its own copy: no assignment to a reserved name, no "<bos>" literal.
+    names = {"PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "FIRST_WORD_ID", "PAD", "UNK", "BOS",
+             "EOS", "RESERVED_TOKENS", "_UNK_ID", "_FIRST_WORD_ID", "_PAD_ID"}
+    sources = [*pathlib.Path(data_package.__file__).parent.glob("*.py"),
+               pathlib.Path(metrics.__file__), pathlib.Path(export.__file__)]
+    assert len(sources) >= 7
+    for source in sources:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and node.body and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                assigned = {t.id for t in targets if isinstance(t, ast.Name)}
+                assert not assigned & names, (source.name, node.lineno, assigned & names)
+            if isinstance(node, ast.Constant) and id(node) not in docstrings:
+                if isinstance(node.value, str):
+                    assert not {"<bos>", "<eos>", "[UNK]"} & set(node.value.split()), (
+                        source.name, node.lineno, node.value
+                    )
