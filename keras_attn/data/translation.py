@@ -124,6 +124,9 @@ class TranslationData:
         target_joiner: str placed between target tokens by `decode`: `" "` for words, `""` for
             characters.
         num_skipped: int, malformed input lines that were skipped. Defaults to `0`.
+        num_too_long: int, pairs dropped from the splits because they did not fit
+            `source_length` / `target_length` (with `<eos>`) and would have been truncated.
+            Defaults to `0`.
     """
 
     source_vectorizer: keras.layers.TextVectorization
@@ -137,6 +140,7 @@ class TranslationData:
     standardize_tf: Callable[[tf.Tensor], tf.Tensor]
     target_joiner: str = " "
     num_skipped: int = 0
+    num_too_long: int = 0
 
     @property
     def source_vocab_size(self) -> int:
