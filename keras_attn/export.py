@@ -24,10 +24,7 @@ import tensorflow as tf
 
 from keras_attn import decoding
 from keras_attn._checks import check_positive_int
-
-# Ids 0-3 are padding, unknown, <bos>, <eos> in every keras_attn vocabulary.
-_FIRST_WORD_ID = 4
-_UNK_ID = 1
+from keras_attn.tokens import FIRST_WORD_ID, UNK_ID
 
 
 def _check_vectorizer(name: str, vectorizer) -> None:
@@ -62,15 +59,16 @@ def make_translate_fn(
 
     def translate(text: tf.Tensor) -> tf.Tensor:
         tokens = standardize(text) if standardize is not None else text
-        source_ids = tf.cast(source_vectorizer(tokens), "int32")  # (B, Ls), 0 = padding
+        source_ids = tf.cast(source_vectorizer(tokens), "int32")  # (B, Ls), PAD_ID = padding
         if beam_size == 1:
             ids = decoding.greedy_search(model, source_ids, max_length)
         else:
             ids = decoding.beam_search(model, source_ids, max_length, beam_size=beam_size,
                                        length_penalty=length_penalty)
-        ids = tf.cast(ids, "int32")  # (B, max_length): tokens, <eos>, then 0
+        ids = tf.cast(ids, "int32")  # (B, max_length): tokens, <eos>, then padding
         words = tf.gather(vocabulary, ids)  # (B, max_length) strings
-        keep = tf.logical_or(ids >= _FIRST_WORD_ID, tf.equal(ids, _UNK_ID))
+        # Words and [UNK] are kept; padding, <bos> and <eos> are dropped.
+        keep = tf.logical_or(ids >= FIRST_WORD_ID, tf.equal(ids, UNK_ID))
         return tf.strings.reduce_join(tf.ragged.boolean_mask(words, keep), axis=-1,
                                       separator=joiner)  # (B,)
 

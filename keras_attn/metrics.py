@@ -1,7 +1,7 @@
 """Translation scores (BLEU, exact match) and the masked sequence loss and accuracy.
 
-Token id 0 is padding everywhere (see `keras_attn.data`): the loss and the accuracy average over
-the positions where `y_true != 0` only.
+`keras_attn.tokens.PAD_ID` (0) is padding everywhere: the loss and the accuracy average over the
+positions where `y_true != PAD_ID` only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import keras
 from keras import ops
 
-PAD_ID = 0
+from keras_attn.tokens import PAD_ID  # re-exported: `keras_attn.metrics.PAD_ID` stays
 
 
 def _tokens(sequence: str | Sequence[str]) -> list[str]:
@@ -136,7 +136,7 @@ def exact_match(predictions: Sequence[str], references: Sequence[str]) -> float:
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 def masked_sparse_categorical_crossentropy(y_true, y_pred):
-    """Mean cross-entropy over the non-padding tokens of a batch (token id 0 is padding).
+    """Mean cross-entropy over the non-padding tokens of a batch (`PAD_ID` is padding).
 
     The logits are cast to float32 first, so mixed precision (float16/bfloat16 logits) is safe.
     A batch made only of padding gives 0.
@@ -146,7 +146,8 @@ def masked_sparse_categorical_crossentropy(y_true, y_pred):
         y_pred: logits `(batch_size, seq_len, vocab_size)`.
 
     Returns:
-        float32 scalar: sum of the per-token losses where `y_true != 0`, divided by their count.
+        float32 scalar: sum of the per-token losses where `y_true != PAD_ID`, divided by their
+        count.
 
     Example:
     >>> model.compile(optimizer="adam", loss=masked_sparse_categorical_crossentropy)
@@ -190,7 +191,7 @@ class MaskedSequenceLoss(keras.losses.Loss):
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 def masked_accuracy(y_true, y_pred):
-    """Token accuracy over the non-padding positions of a batch (token id 0 is padding).
+    """Token accuracy over the non-padding positions of a batch (`PAD_ID` is padding).
 
     For direct calls. In `compile(metrics=[...])` prefer `MaskedAccuracy()`: Keras would average
     this function's per-batch values (not per token), and it cannot combine a scalar with the
@@ -223,7 +224,7 @@ def _masked_counts(y_true, y_pred, sample_weight):
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MaskedAccuracy(keras.metrics.Metric):
-    """Streaming token accuracy over non-padding positions (token id 0 is padding).
+    """Streaming token accuracy over non-padding positions (`PAD_ID` is padding).
 
     Counts correct and non-padding tokens over all batches, so the result is exact per token.
 

@@ -1,7 +1,9 @@
 """Tests of keras_attn.data: kernel regression data, dates task, tab-separated pair loader."""
 
+import ast
 import calendar
 import datetime
+import pathlib
 import re
 
 import numpy as np
@@ -287,7 +289,11 @@ def test_load_tatoeba_vocab_split_and_dataset(tsv):
     assert data.source_vectorizer.get_vocabulary()[:4] == vocab[:4]
     train_sources = {s for s, _ in data.train}
     assert train_sources and not train_sources & {s for s, _ in data.test}
-    assert len(data.train) + len(data.test) == 11 and data.validation == []
+    # The one target of 5 tokens needs 6 positions with <eos>: dropped and counted, not cut.
+    assert data.num_too_long == 1
+    kept = data.train + data.test
+    assert len(kept) == 10 and data.validation == []
+    assert ("go now ,ok ?", "va maintenant , d'accord ?") not in kept
     # The vocabulary comes from train only, with words seen at least twice.
     train_counts = {}
     for _, target in data.train:
@@ -295,24 +301,22 @@ def test_load_tatoeba_vocab_split_and_dataset(tsv):
             train_counts[word] = train_counts.get(word, 0) + 1
     assert set(vocab[4:]) == {w for w, c in train_counts.items() if c >= 2}
 
-    batch = next(iter(data.make_dataset(data.train + data.test, batch_size=11)))
+    batch = next(iter(data.make_dataset(kept, batch_size=10)))
     (source, target_in), target_out = batch
     assert source.dtype == target_in.dtype == target_out.dtype == tf.int32
     assert (
-        source.shape == (11, 4)
-        and target_in.shape == (11, 5)
-        and target_out.shape == (11, 5)
+        source.shape == (10, 4)
+        and target_in.shape == (10, 5)
+        and target_out.shape == (10, 5)
     )
     ids = data.target_vectorizer(tf.constant(["va va va", "zzzunseen"])).numpy()
     assert ids[1, 0] == UNK_ID
     np.testing.assert_array_equal(target_in[:, 0], BOS_ID)
-    for row, (_, target) in zip(target_out.numpy(), data.train + data.test):
-        words = target.split()
-        if len(words) < 5:  # fits: ends with <eos> then padding
-            assert row[len(words)] == EOS_ID and np.all(row[len(words) + 1 :] == PAD_ID)
-        else:  # truncated to 5 tokens, no <eos>
-            assert EOS_ID not in row and PAD_ID not in row
-    # "go now ,ok ?" has 4 source tokens, "hi ." 2 and then padding; 5 tokens are truncated.
+    for row, (_, target) in zip(target_out.numpy(), kept):
+        words = target.split()  # every kept target ends with <eos> then padding
+        assert row[len(words)] == EOS_ID and np.all(row[len(words) + 1 :] == PAD_ID)
+    # New text is still truncated: "go now ,ok ?" has 4 source tokens, "hi ." 2 and then
+    # padding; 5 tokens are cut to 4.
     encoded = data.encode_source(["Go now,ok?", "Hi.", "i i i i i"])
     assert (
         encoded.shape == (3, 4) and encoded[1, 2] == PAD_ID and encoded[0, 3] != PAD_ID
@@ -322,7 +326,9 @@ def test_load_tatoeba_vocab_split_and_dataset(tsv):
 
 def test_load_tatoeba_rare_words_are_unknown_and_decode(tsv):
     data = pairs.load_tatoeba(tsv, min_freq=1, test_fraction=0.0, verbose=0)
+    # Fewer than 10 lengths: the 90th percentile is the longest, so nothing is dropped.
     assert data.source_length == 4 and data.target_length == 6  # longest + 1 for <eos>
+    assert data.num_too_long == 0 and len(data.train) == 11
     _, _, target_out = data.encode_pairs(data.train)
     assert data.decode(target_out) == [t for _, t in data.train]
     rare = pairs.load_tatoeba(tsv, min_freq=3, test_fraction=0.0, verbose=0)
@@ -379,3 +385,203 @@ def test_load_tatoeba_70k_lines(tmp_path):
     assert sum(1 for _ in data.make_dataset("train", batch_size=256)) == -(
         -len(data.train) // 256
     )
+
+
+# ---------------------------------------------------------------- reserved token ids
+
+
+def test_reserved_ids_come_from_keras_attn_tokens():
+    from keras_attn import data as data_package
+    from keras_attn import export, metrics, tokens
+    from keras_attn.data import translation
+
+    for module in (translation, data_package):
+        for name in ("PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "BOS", "EOS", "RESERVED_TOKENS"):
+            assert getattr(module, name) is getattr(tokens, name), (module.__name__, name)
+    assert metrics.PAD_ID is tokens.PAD_ID
+    assert translation.RESERVED_TOKENS is tokens.RESERVED_TOKENS
+    assert build_vectorizer(["a"], max_length=2).get_vocabulary()[:4] == list(
+        tokens.RESERVED_TOKENS
+    )
+    # No module defines its own copy: no assignment to a reserved name, no "<bos>" literal.
+    names = {"PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "FIRST_WORD_ID", "PAD", "UNK", "BOS",
+             "EOS", "RESERVED_TOKENS", "_UNK_ID", "_FIRST_WORD_ID", "_PAD_ID"}
+    sources = [*pathlib.Path(data_package.__file__).parent.glob("*.py"),
+               pathlib.Path(metrics.__file__), pathlib.Path(export.__file__)]
+    assert len(sources) >= 7
+    for source in sources:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and node.body and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                assigned = {t.id for t in targets if isinstance(t, ast.Name)}
+                assert not assigned & names, (source.name, node.lineno, assigned & names)
+            is_string = isinstance(node, ast.Constant) and isinstance(node.value, str)
+            if is_string and id(node) not in docstrings:
+                assert not {"<bos>", "<eos>", "[UNK]"} & set(node.value.split()), (
+                    source.name, node.lineno, node.value
+                )
+
+
+# ---------------------------------------------------------------- load_tatoeba inputs
+
+
+def _write(tmp_path, text, name="pairs.txt", encoding="utf-8"):
+    path = tmp_path / name
+    path.write_bytes(text.encode(encoding) if isinstance(text, str) else text)
+    return str(path)
+
+
+def test_byte_order_mark_is_dropped(tmp_path):
+    path = _write(tmp_path, "\ufeff" + _TSV)
+    read, skipped = pairs.read_pairs(path, verbose=0)
+    assert read[0] == ("go .", "va !")
+    assert (read, skipped) == pairs.read_pairs(_write(tmp_path, _TSV, "plain.txt"), verbose=0)
+    data = pairs.load_tatoeba(path, min_freq=1, test_fraction=0.0, verbose=0)
+    vocab = data.source_vectorizer.get_vocabulary()
+    assert "go" in vocab and not any("\ufeff" in word for word in vocab)
+    # Only the mark at the start of the file is dropped: inside a line it is data.
+    read, _ = pairs.read_pairs(_write(tmp_path, "a\ufeffb.\tc.\n", "inner.txt"), verbose=0)
+    assert read == [("a\ufeffb .", "c .")]
+
+
+def test_windows_and_old_mac_line_ends(tmp_path):
+    expected, _ = pairs.read_pairs(_write(tmp_path, _TSV, "unix.txt"), verbose=0)
+    for name, newline in (("dos.txt", "\r\n"), ("mac.txt", "\r")):
+        path = _write(tmp_path, _TSV.replace("\n", newline), name)
+        assert pairs.read_pairs(path, verbose=0) == (expected, 3)
+
+
+def _short_pairs(num_pairs=50):
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(40)]
+    lines, lengths = [], []
+    for _ in range(num_pairs):
+        source = rng.choice(words, rng.integers(2, 7)).tolist()
+        target = rng.choice(words, rng.integers(2, 8)).tolist()
+        lines.append(f"{' '.join(source)}.\t{' '.join(target)}.\n")
+        lengths.append((len(source) + 1, len(target) + 1))  # "." is a token
+    return lines, lengths
+
+
+@pytest.mark.parametrize("long_side", ["source", "target", "both"])
+@pytest.mark.parametrize("seed, runaway_split", [(0, 0), (3, 2)])  # 0 train, 2 test
+def test_one_runaway_line_does_not_set_the_lengths(
+    tmp_path, capsys, long_side, seed, runaway_split
+):
+    lines, lengths = _short_pairs()
+    runaway = " ".join(f"long{i}" for i in range(300)) + "."
+    source, target = ("x y.", "z t.")
+    if long_side in ("source", "both"):
+        source = runaway
+    if long_side in ("target", "both"):
+        target = runaway
+    lines.insert(17, f"{source}\t{target}\n")
+    path = _write(tmp_path, "".join(lines))
+    # The runaway pair lands in training (it would set the lengths) or in test (it would be cut).
+    splits = pairs.split_by_source(pairs.read_pairs(path, verbose=0)[0], seed=seed)
+    assert any("long0" in s + t for s, t in splits[runaway_split])
+    capsys.readouterr()
+    data = pairs.load_tatoeba(path, min_freq=1, seed=seed, verbose=1)
+    longest_source = max(s for s, _ in lengths)
+    longest_target = max(t for _, t in lengths)
+    # Lengths near the short pairs (at most their longest), nowhere near 300.
+    assert 3 <= data.source_length <= longest_source
+    assert 3 <= data.target_length <= longest_target + 1
+    kept = data.train + data.validation + data.test
+    assert data.num_too_long == 1 and len(kept) == 50
+    assert not any("long0" in s or "long0" in t for s, t in kept)
+    assert all(len(s.split()) <= data.source_length for s, _ in kept)
+    assert all(len(t.split()) < data.target_length for _, t in kept)
+    (source_ids, target_in), _ = next(iter(data.make_dataset("train", batch_size=64)))
+    assert source_ids.shape[1] == data.source_length
+    assert target_in.shape[1] == data.target_length
+    assert "dropped 1 pairs longer than" in capsys.readouterr().out
+
+
+def test_typical_length():
+    assert pairs.typical_length([3, 4, 5, 4, 3, 4, 6, 4, 3, 300]) == 6
+    assert pairs.typical_length([3, 4, 5, 4, 300]) == 300  # under 10 lengths: the longest
+    assert pairs.typical_length([7]) == 7
+    assert pairs.typical_length([5] * 95 + [9, 10, 10, 11, 40]) == 10  # 2 * p90 = 10
+    assert pairs.typical_length(list(range(1, 101))) == 100  # 2 * 90 covers everything
+    with pytest.raises(ValueError, match="lengths"):
+        pairs.typical_length([])
+
+
+def test_explicit_max_length_drops_and_counts_what_does_not_fit(tmp_path, capsys):
+    lines, lengths = _short_pairs()
+    path = _write(tmp_path, "".join(lines))
+    data = pairs.load_tatoeba(path, min_freq=1, max_length=5, test_fraction=0.2, verbose=1)
+    too_long = sum(1 for s, t in lengths if s > 5 or t + 1 > 5)
+    assert 0 < too_long < 50
+    assert data.num_too_long == too_long
+    assert (data.source_length, data.target_length) == (5, 5)
+    kept = data.train + data.test
+    assert len(kept) == 50 - too_long
+    assert all(len(s.split()) <= 5 and len(t.split()) <= 4 for s, t in kept)
+    assert f"dropped {too_long} pairs longer than 5 source or 4 target tokens" in (
+        capsys.readouterr().out
+    )
+    wide = pairs.load_tatoeba(path, min_freq=1, max_length=(7, 9), verbose=0)
+    assert wide.num_too_long == 0 and len(wide.train + wide.test) == 50
+
+
+@pytest.mark.parametrize("max_length", [0, -3, (4,), (4, 5, 6), (4, 0), 2.5, "10"])
+def test_invalid_max_length(tsv, max_length):
+    with pytest.raises(ValueError, match="max_length"):
+        pairs.load_tatoeba(tsv, max_length=max_length, verbose=0)
+
+
+def test_max_length_that_fits_no_training_pair(tsv):
+    # Every target has at least 2 tokens, so 3 positions with <eos> is the least that fits.
+    with pytest.raises(ValueError, match="max_length=2"):
+        pairs.load_tatoeba(tsv, max_length=2, verbose=0)
+
+
+def test_missing_path_and_directory(tmp_path):
+    missing = str(tmp_path / "nowhere" / "fra.txt")
+    for bad, what in ((missing, "no such file"), (str(tmp_path), "a directory")):
+        with pytest.raises(ValueError, match="`path`") as info:
+            pairs.load_tatoeba(bad, verbose=0)
+        assert f"path={bad!r}" in str(info.value) and what in str(info.value)
+        with pytest.raises(ValueError, match="`path`"):
+            pairs.read_pairs(bad, verbose=0)
+    with pytest.raises(ValueError, match="`path`"):
+        pairs.read_pairs(3, verbose=0)
+    # A pathlib.Path is a path too.
+    read, _ = pairs.read_pairs(pathlib.Path(_write(tmp_path, _TSV)), verbose=0)
+    assert len(read) == 11
+
+
+def test_invalid_utf8_names_path_and_line(tmp_path):
+    text = "Go.\tVa !\nHi.\tSalut !\nWow!\tÇa alors !\nRun!\tCours !\n"
+    path = _write(tmp_path, text, "latin1.txt", encoding="latin-1")  # "Ç" is b"\xc7"
+    for load in (pairs.read_pairs, pairs.load_tatoeba):
+        with pytest.raises(ValueError, match="UTF-8") as info:
+            load(path, verbose=0)
+        message = str(info.value)
+        assert "`path`" in message and f"path={path!r}" in message
+        assert "line 3" in message and "\\xc7" in message
+    # The same text in UTF-8 reads without a replacement character.
+    read, _ = pairs.read_pairs(_write(tmp_path, text, "utf8.txt"), verbose=0)
+    assert ("wow !", "ça alors !") in read and not any("\ufffd" in s + t for s, t in read)
+
+
+def test_split_that_leaves_no_training_pair(tmp_path):
+    path = _write(tmp_path, "Go.\tVa !\n")
+    with pytest.raises(ValueError, match="test_fraction"):
+        pairs.load_tatoeba(path, test_fraction=0.6, verbose=0)
+    assert len(pairs.load_tatoeba(path, test_fraction=0.4, verbose=0).train) == 1
+
+
+def test_num_examples_is_checked(tsv):
+    with pytest.raises(ValueError, match="num_examples"):
+        pairs.read_pairs(tsv, num_examples=0, verbose=0)
+    assert len(pairs.read_pairs(tsv, num_examples=2, verbose=0)[0]) == 2

@@ -4,8 +4,8 @@
 - `load_dates_translation`: built-in date normalization ("3/3/21" -> "2021-03-03"), no download.
 - `load_tatoeba`: tab-separated sentence pairs (d2l's `fra.txt` and other Tatoeba exports).
 
-Both translation loaders return a `TranslationData` with the reserved ids `PAD_ID=0`,
-`UNK_ID=1`, `BOS_ID=2`, `EOS_ID=3`.
+Both translation loaders return a `TranslationData` whose vocabularies start with the reserved
+ids of `keras_attn.tokens` (`PAD_ID`, `UNK_ID`, `BOS_ID`, `EOS_ID`), re-exported here.
 """
 
 from keras_attn.data import dates, nw, pairs

@@ -3,7 +3,8 @@
 A data set here is a list of `(source, target)` pairs of *token strings*: text already
 standardized so that tokens are separated by single spaces. Vocabularies are
 `keras.layers.TextVectorization` layers (no standardization of their own, whitespace split) whose
-first four ids are reserved, the same in the source and the target vocabulary:
+first four ids are reserved, the same in the source and the target vocabulary (defined once in
+`keras_attn.tokens`, re-exported here):
 
 | id | token     | meaning                                                 |
 |----|-----------|---------------------------------------------------------|
@@ -28,14 +29,31 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attn._checks import check_positive_int
+from keras_attn.tokens import (
+    BOS,
+    BOS_ID,
+    EOS,
+    EOS_ID,
+    PAD_ID,
+    RESERVED_TOKENS,
+    UNK,
+    UNK_ID,
+)
 
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
-BOS = "<bos>"
-EOS = "<eos>"
-RESERVED_TOKENS = ("", "[UNK]", BOS, EOS)
+__all__ = [
+    "BOS",
+    "BOS_ID",
+    "EOS",
+    "EOS_ID",
+    "PAD_ID",
+    "RESERVED_TOKENS",
+    "UNK",
+    "UNK_ID",
+    "Pair",
+    "TranslationData",
+    "build_vectorizer",
+    "max_tokens",
+]
 
 Pair = tuple[str, str]
 
@@ -106,6 +124,9 @@ class TranslationData:
         target_joiner: str placed between target tokens by `decode`: `" "` for words, `""` for
             characters.
         num_skipped: int, malformed input lines that were skipped. Defaults to `0`.
+        num_too_long: int, pairs dropped from the splits because they did not fit
+            `source_length` / `target_length` (with `<eos>`) and would have been truncated.
+            Defaults to `0`.
     """
 
     source_vectorizer: keras.layers.TextVectorization
@@ -119,6 +140,7 @@ class TranslationData:
     standardize_tf: Callable[[tf.Tensor], tf.Tensor]
     target_joiner: str = " "
     num_skipped: int = 0
+    num_too_long: int = 0
 
     @property
     def source_vocab_size(self) -> int:
@@ -241,7 +263,7 @@ class TranslationData:
                 tokens.append(
                     str(vocab[index])
                     if 0 <= index < len(vocab)
-                    else RESERVED_TOKENS[UNK_ID]
+                    else UNK
                 )
             texts.append(self.target_joiner.join(tokens))
         return texts
