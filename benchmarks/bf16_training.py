@@ -85,9 +85,15 @@ def main(argv=None) -> None:
     if args.keras_dropout:
         import keras
 
-        from keras_attn import ops as attn_ops
+        import keras_attn.layers.dropout
+        import keras_attn.ops.kernels.dense
 
-        attn_ops.dropout = lambda x, rate, seed=None: keras.random.dropout(x, rate, seed=seed)
+        def keras_dropout(x, rate, seed=None):
+            return keras.random.dropout(x, rate, seed=seed)
+
+        # Every caller of keras_attn.ops.dropout: the Dropout layer and the dense kernel.
+        keras_attn.layers.dropout.attn_ops.dropout = keras_dropout
+        keras_attn.ops.kernels.dense.dropout = keras_dropout
     x, y = synthetic_batch(args)
     models = {policy: build(policy, args) for policy in ("float32", "mixed_bfloat16")}
     losses = {}

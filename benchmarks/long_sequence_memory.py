@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     print("| T | implementation | peak RSS GiB | baseline RSS GiB | peak - baseline GiB | "
           "time s | time / dense |")
     print("|---|---|---|---|---|---|---|")
-    from keras_attn.chunked import auto_chunk_size
+    from keras_attn.tuning import auto_chunk_size
     for length in args.lengths:
         results, failed = {}, {}
         for impl in args.impls:

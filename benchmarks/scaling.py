@@ -69,27 +69,14 @@ def cpu_model() -> str:
 
 
 def chunked_fn(chunk_size: int):
-    """The chunked exact attention, as the library offers it now (or None)."""
-    import inspect
-
+    """The blockwise exact attention of `keras_attn.ops.dot_product_attention`."""
     from keras_attn import ops as attn_ops
 
-    if "implementation" in inspect.signature(attn_ops.dot_product_attention).parameters:
-        kwargs = {"implementation": "chunked"}
-        if "chunk_size" in inspect.signature(attn_ops.dot_product_attention).parameters:
-            kwargs["chunk_size"] = chunk_size
+    def attend(q, k, v):
+        return attn_ops.dot_product_attention(q, k, v, implementation="chunked",
+                                              chunk_size=chunk_size)[0]
 
-        def attend(q, k, v):
-            out = attn_ops.dot_product_attention(q, k, v, **kwargs)
-            return out[0] if isinstance(out, tuple) else out
-
-        return attend, "ops.dot_product_attention(implementation='chunked')"
-    try:
-        from keras_attn.chunked import chunked_dot_product_attention
-    except ImportError:
-        return None, "not available"
-    return (lambda q, k, v: chunked_dot_product_attention(q, k, v, chunk_size=chunk_size),
-            "keras_attn.chunked.chunked_dot_product_attention")
+    return attend, "ops.dot_product_attention(implementation='chunked')"
 
 
 def worker(args) -> None:
@@ -99,8 +86,7 @@ def worker(args) -> None:
     import tensorflow as tf
 
     from keras_attn import ops as attn_ops
-    from keras_attn.layers.linear_attention import linear_attention
-    from keras_attn.layers.local_attention import local_dot_product_attention
+    from keras_attn.ops import linear_attention, local_dot_product_attention
 
     method, length = args.worker[0], int(args.worker[1])
     source = method

@@ -7,12 +7,12 @@ one of each shape, `(BH, T, T) x (BH, T, d)` and friends, under `tf.function` an
 TensorFlow (oneDNN) kernels: the product whose big left operand is contracted over its first
 axis (`Pᵀ dO`), which keras.layers.MultiHeadAttention and MultiHead both need in the backward.
 The row after it is the form MultiHead's backward uses for it, `(dOᵀ P)ᵀ` with the inner
-product behind `keras_attn.chunked.xla_barrier`. The last two rows are `dP - δ` (`δ` a
+product behind `keras_attn.tuning.xla_barrier`. The last two rows are `dP - δ` (`δ` a
 `(T, 1)` column) as a product and a subtraction, and as one product with the column folded in,
 `[dO, -δ] [V, 1]ᵀ`, which MultiHead's backward uses outside XLA.
 
 A second table does the same for the kernel gradient of a Dense layer, `xᵀ dy` over the
-`B·T` rows, as TensorFlow's gradient writes it and as `keras_attn.chunked.xla_dense` computes it
+`B·T` rows, as TensorFlow's gradient writes it and as `keras_attn.tuning.xla_dense` computes it
 under XLA, `(xᵀ) dy` with a transposed copy of `x` behind a barrier; shapes `ROWSxMxN` are the
 rows, the input size and the units.
 
@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     import tensorflow as tf
 
-    from keras_attn.chunked import xla_barrier
+    from keras_attn.tuning import xla_barrier
 
     args = parse_args(argv)
     header("Attention's batched products: tf.function vs XLA (float32)")

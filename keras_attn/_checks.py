@@ -1,9 +1,10 @@
 """Argument checks shared by every module: a ValueError that names the argument, says what was
-expected and shows what came in. This module imports nothing of keras_attn, so the lowest
-layers (ops, chunked, data) can use it too."""
+expected and shows what came in. This module imports nothing of keras_attn, so every
+other module can use it."""
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 
 
@@ -71,3 +72,39 @@ def check_one_of(name: str, value, options) -> None:
     """Raise unless `value` is one of `options`."""
     if value not in options:
         _fail(name, "one of " + ", ".join(repr(option) for option in options), value)
+
+
+def static_int(value):
+    """`value` as a Python int when it is known without running a graph, else None."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    concrete = concrete_value(value)
+    if concrete is not None and concrete.ndim == 0:
+        return int(concrete)
+    return None
+
+
+def concrete_value(x):
+    """`x` as a NumPy array when its value is known now (NumPy data, an eager tensor), or None
+    when it is symbolic (a tensor being traced, a Keras symbolic tensor)."""
+    if isinstance(x, (np.ndarray, np.generic, list, tuple, int, float)):
+        return np.asarray(x)
+    if isinstance(x, keras.KerasTensor):
+        return None
+    backend = keras.backend.backend()
+    try:
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            if tf.is_tensor(x) and not tf.is_symbolic_tensor(x):
+                return x.numpy()
+            return None
+        if backend == "jax":
+            import jax
+
+            return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+        if backend == "torch":
+            return x.detach().cpu().numpy()
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return None
+    return None

@@ -16,11 +16,6 @@ import numpy as np
 import tensorflow as tf
 
 
-def op_types(fn, *args) -> list[str]:
-    """Types of the ops in the graph that `fn` (a tf.function) traces for `args`."""
-    return [op.type for op in fn.get_concrete_function(*args).graph.get_operations()]
-
-
 def _to_float32(x):
     return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
 

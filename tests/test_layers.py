@@ -4,7 +4,7 @@ equivalence with keras.layers.MultiHeadAttention and torch.nn.MultiheadAttention
 import keras
 import numpy as np
 import pytest
-from layer_test_utils import op_types, run_layer_test
+from layer_test_utils import run_layer_test
 
 import keras_attn as ka
 
@@ -244,10 +244,6 @@ def test_multi_head_under_xla_equals_keras_with_gradients():
 
     fn = loss_and_grads(ours, lambda x: ours(x, use_causal_mask=True))
     xla, graph = tf.function(fn, jit_compile=True), tf.function(fn)
-    # Under XLA the head split/merge and the transposed products sit behind barriers, in the
-    # forward and the backward pass; a plain graph has none.
-    assert "XlaOptimizationBarrier" in op_types(xla, x)
-    assert "XlaOptimizationBarrier" not in op_types(graph, x)
     want_out, want_grads = loss_and_grads(
         keras_mha, lambda x: keras_mha(x, x, use_causal_mask=True))(x)
     for compiled in (xla, graph):

@@ -68,6 +68,8 @@ def test_fully_masked_rows_are_zero():
 
 
 def test_never_forms_a_quadratic_tensor():
+    # A structural check on purpose: O(T · window) memory is what the local kernel is for, and
+    # the largest tensor in its graph is the direct measure of it.
     seq_len, window = 512, 8
     fn = tf.function(lambda q: local_dot_product_attention(q, q, q, window, causal=True,
                                                            num_global=2))

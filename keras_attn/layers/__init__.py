@@ -21,13 +21,20 @@ from keras_attn.layers.swin import (
     SwinBlock,
     WindowAttention,
 )
-# Kernels that earlier releases exported from here; they live in keras_attn.ops.
-from keras_attn.ops import linear_attention, local_attention_mask, local_dot_product_attention
 from keras_attn.layers.transformer import (
     TransformerDecoder,
-    TransformerDecoderBlock,
     TransformerEncoder,
+)
+from keras_attn.layers.transformer_blocks import (
+    TransformerDecoderBlock,
     TransformerEncoderBlock,
+)
+
+# Kernels that earlier releases exported from here; they live in keras_attn.ops.
+from keras_attn.ops import (
+    linear_attention,
+    local_attention_mask,
+    local_dot_product_attention,
 )
 
 __all__ = [

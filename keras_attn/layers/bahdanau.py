@@ -17,7 +17,6 @@ from keras_attn.layers.dropout import Dropout
 from keras_attn.tokens import PAD_ID
 
 
-
 def _check_sizes(vocab_size, embed_dim, units, num_layers, dropout) -> None:
     for name, value in (
         ("vocab_size", vocab_size),

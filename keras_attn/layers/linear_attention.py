@@ -9,9 +9,8 @@ import keras
 from keras import ops
 
 from keras_attn import ops as attn_ops
-from keras_attn._checks import check_bool
+from keras_attn._checks import check_bool, static_int
 from keras_attn.layers.base import BaseAttention, check_positive_int
-from keras_attn.ops.masks import _static_int
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -144,7 +143,7 @@ class LinearAttention(BaseAttention):
         if mask is not None:
             key_padding = mask.key_padding("LinearAttention")
             query_valid = mask.query_valid
-            if causal and _static_int(mask.offset) != 0:
+            if causal and static_int(mask.offset) != 0:
                 raise ValueError("LinearAttention takes no causal offset (no cache).")
         q = attn_ops.split_heads(self.query_dense(query), self.num_heads)  # (B, H, T, dk)
         k = attn_ops.split_heads(self.key_dense(key), self.num_heads)  # (B, H, S, dk)

@@ -6,9 +6,8 @@ import keras
 from keras import ops
 
 from keras_attn import ops as attn_ops
-from keras_attn._checks import check_bool, check_one_of
+from keras_attn._checks import check_bool, check_one_of, concrete_value
 from keras_attn.layers.base import BaseAttention, check_positive_int
-from keras_attn.ops.masks import concrete_value
 from keras_attn.tuning import xla_dense
 
 
@@ -110,6 +109,11 @@ class MultiHead(BaseAttention):
         check_bool("use_bias", use_bias)
         check_bool("add_bias_kv", add_bias_kv)
         check_bool("add_zero_attn", add_zero_attn)
+        if chunk_size is not None and implementation != "chunked":
+            raise ValueError(
+                "Argument `chunk_size` applies to implementation=\"chunked\" only. Received: "
+                f"chunk_size={chunk_size!r}, implementation={implementation!r}"
+            )
         if implementation == "chunked" and dropout > 0:
             raise ValueError(
                 "Argument `implementation=\"chunked\"` does not support dropout on the "
@@ -289,8 +293,11 @@ class MultiHead(BaseAttention):
             q, k_att, v_att, mask, dropout_rate=self.dropout,
             training=bool(training), seed=self.seed_generator,
             implementation=implementation,
-            chunk_size=self.chunk_size, bias=attention_bias,
-            return_weights=bool(return_attention_scores), zero_masked_inputs=False,
+            chunk_size=self.chunk_size if implementation == "chunked" else None,
+            bias=attention_bias,
+            return_weights=bool(return_attention_scores),
+            # The inputs were zeroed before projecting (`prepare`); a cache was not.
+            zero_masked_inputs=cache is not None,
         )  # (B, H, T, dv), (B, H, T, S) or None
         outputs = xla_dense(self.output_dense, attn_ops.merge_heads(context))
         results = (outputs,)

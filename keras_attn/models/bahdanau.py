@@ -5,8 +5,8 @@ from __future__ import annotations
 import keras
 
 from keras_attn.layers.bahdanau import BahdanauDecoder, BahdanauEncoder
-from keras_attn.tokens import PAD_ID
 from keras_attn.layers.base import check_positive_int
+from keras_attn.tokens import PAD_ID
 
 
 def bahdanau_seq2seq(

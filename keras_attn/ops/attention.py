@@ -20,11 +20,18 @@ import math
 import keras
 from keras import ops
 
-from keras_attn._checks import as_rate, check_bool, check_number, check_one_of, check_positive_int
+from keras_attn._checks import (
+    as_rate,
+    check_bool,
+    check_number,
+    check_one_of,
+    check_positive_int,
+    static_int,
+)
 from keras_attn.ops.kernels.blockwise import blockwise_attention
 from keras_attn.ops.kernels.dense import dense_attention
 from keras_attn.ops.kernels.local import local_attention
-from keras_attn.ops.masks import AttentionMask, _static_int
+from keras_attn.ops.masks import AttentionMask
 
 IMPLEMENTATIONS = ("dense", "chunked", "local")
 
@@ -100,7 +107,7 @@ def as_attention_mask(mask, query_len, key_len, batch_size=None, valid_lens=None
             )
         for name, got, want in (("query_len", mask.query_len, query_len),
                                 ("key_len", mask.key_len, key_len)):
-            got, want = _static_int(got), _static_int(want)
+            got, want = static_int(got), static_int(want)
             if None not in (got, want) and got != want:
                 raise ValueError(
                     f"Argument `mask` was built for {name}={got}, but the inputs have "
@@ -195,6 +202,12 @@ def dot_product_attention(
             f"Argument `return_weights=True` needs the (T, S) weights, which "
             f"implementation={implementation!r} never forms; use implementation=\"dense\"."
         )
+    for name, size in (("chunk_size", chunk_size), ("query_chunk_size", query_chunk_size)):
+        if size is not None and implementation != "chunked":
+            raise ValueError(
+                f"Argument `{name}` applies to implementation=\"chunked\" only. Received: "
+                f"{name}={size!r}, implementation={implementation!r}"
+            )
     if implementation == "chunked" and rate > 0.0:
         raise ValueError(
             "Argument `implementation=\"chunked\"` does not support dropout on the attention "
@@ -231,6 +244,8 @@ def dot_product_attention(
     query = query * ops.cast(scale, query.dtype)
 
     weights = None
+    if key.shape[-2] == 0:  # no keys: every kernel's answer is the dense one, all zeros
+        implementation = "dense"
     if implementation == "dense":
         tile = None if mask is None else mask.block(rank=max(rank, mask.rank))
         outputs, weights = dense_attention(query, key, value, tile, bias, rate, seed,

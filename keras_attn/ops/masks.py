@@ -23,47 +23,11 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._checks import check_int
+from keras_attn._checks import check_int, concrete_value, static_int
 
 # Added to the scores of masked positions (in float32): exp() of it is exactly 0 next to any
 # real score, and `score - max` never overflows.
 MASK_VALUE = -1e30
-
-
-def _static_int(value):
-    """`value` as a Python int when it is known without running a graph, else None."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return int(value)
-    concrete = concrete_value(value)
-    if concrete is not None and concrete.ndim == 0:
-        return int(concrete)
-    return None
-
-
-def concrete_value(x):
-    """`x` as a NumPy array when its value is known now (NumPy data, an eager tensor), or None
-    when it is symbolic (a tensor being traced, a Keras symbolic tensor)."""
-    if isinstance(x, (np.ndarray, np.generic, list, tuple, int, float)):
-        return np.asarray(x)
-    if isinstance(x, keras.KerasTensor):
-        return None
-    backend = keras.backend.backend()
-    try:
-        if backend == "tensorflow":
-            import tensorflow as tf
-
-            if tf.is_tensor(x) and not tf.is_symbolic_tensor(x):
-                return x.numpy()
-            return None
-        if backend == "jax":
-            import jax
-
-            return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
-        if backend == "torch":
-            return x.detach().cpu().numpy()
-    except (AttributeError, TypeError, ValueError, RuntimeError):
-        return None
-    return None
 
 
 def sequence_mask(valid_lens, maxlen: int):
@@ -71,7 +35,7 @@ def sequence_mask(valid_lens, maxlen: int):
 
     Args:
         valid_lens: integer tensor of any shape `(...)`: how many leading positions are valid.
-        maxlen: int, length of the masked axis.
+        maxlen: int or scalar int tensor, length of the masked axis.
 
     Returns:
         Boolean tensor of shape `(..., maxlen)`, True where `position < valid_lens`.
@@ -79,11 +43,14 @@ def sequence_mask(valid_lens, maxlen: int):
     Example:
     >>> sequence_mask([1, 3], 4)  # [[T, F, F, F], [T, T, T, F]]
     """
-    if _static_int(maxlen) is None or _static_int(maxlen) < 0:
+    static = static_int(maxlen)
+    if (static is None and len(getattr(maxlen, "shape", (None,))) != 0) or (
+            static is not None and static < 0):
         raise ValueError(
-            f"Argument `maxlen` must be a non-negative integer. Received: maxlen={maxlen}"
+            "Argument `maxlen` must be a non-negative integer or a scalar integer tensor. "
+            f"Received: maxlen={maxlen}"
         )
-    positions = ops.arange(_static_int(maxlen), dtype="int32")
+    positions = ops.arange(maxlen if static is None else static, dtype="int32")
     return ops.less(positions, ops.expand_dims(ops.cast(valid_lens, "int32"), -1))
 
 
@@ -237,8 +204,8 @@ class AttentionMask:
         Returns:
             An `AttentionMask`.
         """
-        batch = _static_int(batch_size) if batch_size is not None else None
-        t, s = _static_int(query_len), _static_int(key_len)
+        batch = static_int(batch_size) if batch_size is not None else None
+        t, s = static_int(query_len), static_int(key_len)
         key_lens = None
         if valid_lens is not None:
             key_lens = cls._check_valid_lens(valid_lens, batch, t, s)
@@ -261,15 +228,15 @@ class AttentionMask:
         if window is not None:
             check_int("window", window, 0)
         check_int("num_global", num_global, 0)
-        if _static_int(causal_offset) is None and not hasattr(causal_offset, "shape"):
+        if static_int(causal_offset) is None and not hasattr(causal_offset, "shape"):
             raise ValueError(
                 "Argument `causal_offset` must be an integer or a scalar integer tensor. "
                 f"Received: causal_offset={causal_offset!r}"
             )
         return cls(
             query_len, key_len, batch, key_lens, use_causal_mask,
-            ops.cast(causal_offset, "int32") if _static_int(causal_offset) is None
-            else _static_int(causal_offset),
+            ops.cast(causal_offset, "int32") if static_int(causal_offset) is None
+            else static_int(causal_offset),
             window, num_global if window is not None else 0, dense,
             cls._check_padding("query_mask", query_mask, batch, t, "query_len"),
             cls._check_padding("key_mask", key_mask, batch, s, "key_len"),

@@ -14,9 +14,10 @@ import numpy as np
 from keras import ops
 
 from keras_attn import tuning
+from keras_attn._checks import static_int
 from keras_attn.ops.dropout import dropout
 from keras_attn.ops.kernels.common import scores
-from keras_attn.ops.masks import AttentionMask, _static_int
+from keras_attn.ops.masks import AttentionMask
 from keras_attn.ops.softmax import masked_softmax
 
 
@@ -69,7 +70,7 @@ def local_attention(q, k, v, mask: AttentionMask, dropout_rate: float = 0.0, see
     """
     if mask is None or mask.window is None:
         raise ValueError("The local kernel needs an `AttentionMask` with a `window`.")
-    if _static_int(mask.offset) != 0:
+    if static_int(mask.offset) != 0:
         raise ValueError(
             "The local kernel needs queries and keys aligned by position (offset 0). "
             f"Received: offset={mask.offset!r}"

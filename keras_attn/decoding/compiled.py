@@ -1,0 +1,59 @@
+"""Running a decoding function as one compiled program on the current backend.
+
+TensorFlow: a `tf.function` (optionally XLA) whose inputs have an unknown batch size and length,
+traced once per model and settings; inside a function being traced (a SavedModel signature)
+the ops join that graph. JAX: `jax.jit`. torch: eagerly, step by step (`keras.ops.while_loop`
+is a Python loop there).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import keras
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
+    """`fn(model, *arrays, **options)`, compiled once per model, `fn` and `options`.
+
+    Args:
+        fn: the decoding function; `options` are Python values (static), `arrays` tensors.
+        model: the model decoded (a weak key of the cache of compiled functions).
+        arrays: tensors: integer ids first, then scalars (sampling parameters).
+        options: keyword arguments fixed for the compiled function.
+        jit_compile: bool, compile with XLA under TensorFlow.
+
+    Returns:
+        What `fn` returns.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.inside_function():
+            return fn(model, *arrays, **options)
+        arrays = tuple(tf.convert_to_tensor(a) for a in arrays)
+        key = (fn.__name__, "tf", jit_compile, tuple(sorted(options.items())),
+               tuple(a.dtype for a in arrays), tuple(len(a.shape) for a in arrays))
+    elif backend == "jax":
+        key = (fn.__name__, "jax", tuple(sorted(options.items())))
+    else:
+        return fn(model, *arrays, **options)
+    compiled = _COMPILED.setdefault(model, {})
+    if key not in compiled:
+        model_ref = weakref.ref(model)  # the cache must not keep the model alive
+
+        def call(*arrays):
+            return fn(model_ref(), *arrays, **options)
+
+        if backend == "tensorflow":
+            signature = [tf.TensorSpec([None] * len(a.shape), a.dtype) for a in arrays]
+            compiled[key] = tf.function(call, input_signature=signature,
+                                        jit_compile=jit_compile)
+        else:
+            import jax
+
+            compiled[key] = jax.jit(call)
+    return compiled[key](*arrays)

@@ -1,0 +1,76 @@
+"""Values and gradients on whichever Keras backend runs the tests (TensorFlow, JAX or torch)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+
+def to_np(x) -> np.ndarray:
+    """A tensor of any backend (any float dtype) as a float32 NumPy array; None stays None."""
+    if x is None:
+        return None
+    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+
+
+def value_and_grads(fn, inputs, cotangent):
+    """`fn(*inputs)` and the gradients of `sum(fn(*inputs) * cotangent)` with respect to each
+    input, as NumPy arrays.
+
+    Args:
+        fn: a function of tensors returning one tensor.
+        inputs: list of NumPy arrays (their dtype is kept, e.g. float32 or bfloat16 via keras).
+        cotangent: NumPy array with the shape of the output.
+
+    Returns:
+        `(output, [gradient per input])`, float32 NumPy arrays.
+    """
+    backend = keras.backend.backend()
+    cotangent = np.asarray(cotangent, "float32")
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        xs = [tf.convert_to_tensor(x) for x in inputs]
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            out = fn(*xs)
+            loss = tf.reduce_sum(tf.cast(out, "float32") * cotangent)
+        grads = tape.gradient(loss, xs, unconnected_gradients="zero")
+    elif backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        def loss_fn(*xs):
+            out = fn(*xs)
+            return jnp.sum(out.astype("float32") * cotangent), out
+
+        grads, out = jax.grad(loss_fn, argnums=tuple(range(len(inputs))), has_aux=True)(
+            *[jnp.asarray(x) for x in inputs])
+    elif backend == "torch":
+        import torch
+
+        xs = [keras.ops.convert_to_tensor(x).detach().requires_grad_(True) for x in inputs]
+        out = fn(*xs)
+        loss = (out.float() * torch.as_tensor(cotangent, device=out.device)).sum()
+        grads = torch.autograd.grad(loss, xs, allow_unused=True)
+        grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads)]
+    else:  # pragma: no cover
+        raise NotImplementedError(backend)
+    return to_np(out), [to_np(g) for g in grads]
+
+
+def layer_value_and_grads(layer, inputs: list, cotangent, **call_kwargs):
+    """A built layer's output on `inputs` (positional NumPy arrays) and the gradients of
+    `sum(output * cotangent)` with respect to each input and then each trainable weight,
+    through `layer.stateless_call` (so any backend differentiates it)."""
+    trainable = [v.value for v in layer.trainable_variables]
+    frozen = [v.value for v in layer.non_trainable_variables]
+    count = len(inputs)
+
+    def fn(*values):
+        outputs, _ = layer.stateless_call(list(values[count:]), frozen, *values[:count],
+                                          **call_kwargs)
+        return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+
+    arrays = list(inputs) + [keras.ops.convert_to_numpy(t) for t in trainable]
+    return value_and_grads(fn, arrays, cotangent)

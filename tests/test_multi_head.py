@@ -1,0 +1,192 @@
+"""MultiHead and LocalMultiHead on every kernel: same weights, same numbers, every mask, the
+cache, the fused backward, dropout, and the argument checks."""
+
+import keras
+import numpy as np
+import pytest
+from backend_utils import layer_value_and_grads, to_np
+from layer_test_utils import run_layer_test
+
+import keras_attn as ka
+
+rng = np.random.default_rng(0)
+
+
+def rand(*shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype("float32")
+
+
+def twins(cls=ka.MultiHead, implementations=("dense", "chunked"), **kwargs):
+    """One layer per implementation, all with the first one's weights."""
+    layers = []
+    for implementation in implementations:
+        extra = {"chunk_size": 3} if implementation == "chunked" else {}
+        layers.append(cls(num_heads=3, key_dim=4, value_dim=5, output_dim=7,
+                          implementation=implementation, **extra, **kwargs))
+    return layers
+
+
+def build_alike(layers, *inputs, **call):
+    for layer in layers:
+        layer(*inputs, **call)
+    for layer in layers[1:]:
+        layer.set_weights(layers[0].get_weights())
+
+
+MASKINGS = ["none", "valid_lens", "valid_lens_2d", "causal", "lens_and_causal",
+            "attention_mask", "padding", "bias"]
+
+
+def call_for(masking, batch, query_len, key_len):
+    call = {}
+    if masking in ("valid_lens", "lens_and_causal"):
+        call["valid_lens"] = np.array([key_len, 0][:batch], "int32")
+    if masking == "valid_lens_2d":
+        call["valid_lens"] = rng.integers(0, key_len + 1, (batch, query_len)).astype("int32")
+    if "causal" in masking:
+        call["use_causal_mask"] = True
+    if masking == "attention_mask":
+        call["attention_mask"] = rng.random((batch, query_len, key_len)) < 0.5
+    if masking == "padding":
+        call["query_mask"] = np.arange(query_len)[None] < np.array([[query_len], [3]])
+    if masking == "bias":
+        call["attention_bias"] = rand(1, 3, query_len, key_len)
+    return call
+
+
+@pytest.mark.parametrize("masking", MASKINGS)
+def test_chunked_equals_dense_values_and_gradients_with_the_same_weights(masking):
+    causal = masking in ("causal", "lens_and_causal", "padding")
+    q = rand(2, 8, 6)
+    key = q if causal else rand(2, 10, 9)  # self-attention when causal, else cross
+    inputs = [q] if causal else [q, key]
+    call = call_for(masking, 2, 8, key.shape[1])
+    layers = twins()
+    build_alike(layers, *inputs)
+    d_out = rand(2, 8, 7)
+    (out_d, grads_d), (out_c, grads_c) = (
+        layer_value_and_grads(layer, inputs, d_out, **call) for layer in layers)
+    np.testing.assert_allclose(out_c, out_d, atol=1e-4)
+    for got, want in zip(grads_c, grads_d):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    if masking == "padding":  # padded queries: the output projection of a zero context
+        np.testing.assert_allclose(out_c[1, 3:], np.broadcast_to(
+            to_np(layers[1].output_dense.bias), (5, 7)), atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("masking", ["none", "valid_lens", "padding", "attention_mask"])
+def test_local_kernels_equal_dense_with_the_band(causal, masking):
+    """LocalMultiHead on the local, blockwise and dense kernels: one set of numbers (the
+    attention mask makes the local kernel fall back to dense)."""
+    x = rand(2, 13, 6)
+    call = call_for(masking, 2, 13, 13)
+    layers = twins(ka.LocalMultiHead, ("dense", "local", "chunked"), window=2, num_global=1)
+    build_alike(layers, x)
+    d_out = rand(2, 13, 7)
+    results = [layer_value_and_grads(layer, [x], d_out, use_causal_mask=causal, **call)
+               for layer in layers]
+    for out, grads in results[1:]:
+        np.testing.assert_allclose(out, results[0][0], atol=1e-4)
+        for got, want in zip(grads, results[0][1]):
+            np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_fused_backward_equals_the_weights_path(training):
+    """Without returned weights the dense kernel keeps them for its own backward pass; with
+    dropout it drops the same weights from the same seed."""
+    x = rand(2, 6, 8)
+    layers = [ka.MultiHead(num_heads=2, key_dim=3, dropout=0.4 if training else 0.0, seed=11)
+              for _ in range(2)]
+    build_alike(layers, x)
+    call = {"valid_lens": np.array([6, 0], "int32"), "use_causal_mask": True,
+            "training": training}
+    d_out = rand(2, 6, 8)
+
+    def run(layer, with_weights):
+        class Wrapped(keras.layers.Layer):
+            def call(self, x):
+                out = layer(x, return_attention_scores=with_weights, **call)
+                return out[0] if with_weights else out
+
+        wrapped = Wrapped()
+        wrapped(x)
+        return layer_value_and_grads(wrapped, [x], d_out)
+
+    (out_w, grads_w), (out_f, grads_f) = run(layers[0], True), run(layers[1], False)
+    np.testing.assert_allclose(out_f, out_w, atol=1e-5)
+    for got, want in zip(grads_f, grads_w):
+        np.testing.assert_allclose(got, want, atol=5e-5)
+    np.testing.assert_array_equal(out_f[1], np.broadcast_to(to_np(layers[1].output_dense.bias),
+                                                            (6, 8)))
+
+
+@pytest.mark.parametrize("implementation", ["dense", "chunked"])
+def test_cached_decoding_equals_the_full_pass(implementation):
+    x = rand(2, 5, 6)
+    layers = twins()
+    build_alike(layers, x)
+    full = to_np(layers[0](x, use_causal_mask=True))
+    layer = layers[implementation == "chunked"]
+    cache = layer.init_cache(2, 5)
+    steps = []
+    for i in range(5):
+        out, cache = layer(x[:, i:i + 1], cache=cache, cache_update_index=i,
+                           use_causal_mask=True)
+        steps.append(to_np(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "chunked"])
+def test_a_cache_of_encoder_keys_honours_key_and_implicit_masks(implementation):
+    """Cross-attention over a precomputed cache hides padded keys as the plain call does."""
+    query, memory = rand(2, 4, 6), rand(2, 7, 9)
+    key_mask = np.arange(7)[None] < np.array([[7], [3]])
+    layers = twins()
+    build_alike(layers, query, memory)
+    layer = layers[implementation == "chunked"]
+    want = to_np(layers[0](query, memory, key_mask=key_mask))
+    cache = layer.compute_cache(memory)
+    got, _ = layer(query, cache=cache, key_mask=key_mask)
+    np.testing.assert_allclose(to_np(got), want, atol=1e-5)
+    # Values behind the mask play no part.
+    got_dirty, _ = layer(query, cache=(cache[0] * 1e3, cache[1] - 50.0 * (~key_mask)[:, None,
+                                                                                      :, None]),
+                         key_mask=key_mask)
+    assert not np.allclose(to_np(got_dirty), want)  # the key scale matters for real keys ...
+    cache_hidden = (np.where(key_mask[:, None, :, None], to_np(cache[0]), np.nan),
+                    np.where(key_mask[:, None, :, None], to_np(cache[1]), np.inf))
+    got_nan, _ = layer(query, cache=cache_hidden, key_mask=key_mask)
+    np.testing.assert_allclose(to_np(got_nan), want, atol=1e-5)  # ... and none for hidden ones
+
+
+def test_chunked_layer_contract(tmp_path):
+    out = run_layer_test(
+        ka.MultiHead,
+        {"num_heads": 2, "key_dim": 4, "implementation": "chunked", "chunk_size": 3},
+        {"query": rand(2, 7, 6), "valid_lens": np.array([7, 2], "int32")},
+        (2, 7, 6),
+        tmp_path,
+        call_kwargs={"use_causal_mask": True},
+    )
+    assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize(
+    "kwargs,arg",
+    [({"implementation": "flash"}, "implementation"),
+     ({"implementation": "chunked", "chunk_size": 0}, "chunk_size"),
+     ({"chunk_size": 64}, "chunk_size"),
+     ({"implementation": "chunked", "dropout": 0.1}, "implementation"),
+     ({"implementation": "local"}, "implementation")],
+)
+def test_bad_implementation_arguments(kwargs, arg):
+    with pytest.raises(ValueError, match=arg):
+        ka.MultiHead(num_heads=2, key_dim=4, **kwargs)
+
+
+def test_chunked_refuses_to_return_weights():
+    layer = ka.MultiHead(num_heads=2, key_dim=4, implementation="chunked")
+    with pytest.raises(ValueError, match="return_attention_scores"):
+        layer(rand(1, 3, 8), return_attention_scores=True)

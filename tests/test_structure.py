@@ -1,0 +1,123 @@
+"""The shape of the code: imports go one way, no cycles, no module past ~500 lines, and
+`import keras_attn` on JAX or torch does not import TensorFlow.
+
+These are structural checks on purpose: the structure is the feature (DESIGN.md's layering).
+"""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "keras_attn"
+
+# Lower ranks never import higher ones; modules of one rank import only within their group.
+RANKS = {
+    "keras_attn._checks": 0,
+    "keras_attn.tokens": 0,
+    "keras_attn.tuning": 1,
+    "keras_attn.ops": 2,
+    "keras_attn.data": 2,
+    "keras_attn.metrics": 2,
+    "keras_attn.viz": 2,
+    "keras_attn.layers": 3,
+    "keras_attn.models": 4,
+    "keras_attn.decoding": 5,
+    "keras_attn.export": 6,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def group(name: str) -> str:
+    matches = [prefix for prefix in RANKS if name == prefix or name.startswith(prefix + ".")]
+    assert matches, f"{name} has no place in the layering; add it to RANKS"
+    return max(matches, key=len)
+
+
+def imports(path: Path) -> set[str]:
+    """Every keras_attn module `path` imports, at module level or inside functions
+    (`from package import submodule` counts as the submodule)."""
+    modules, found = all_modules(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("keras_attn"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("keras_attn"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    found.add(sub if sub in modules else node.module)
+    return found
+
+
+def all_modules():
+    return {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def resolve(name: str, modules) -> str:
+    """`name` if it is a module, else the module it is an attribute of."""
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def test_imports_go_one_way():
+    modules = all_modules()
+    wrong = []
+    for name, path in modules.items():
+        if name == "keras_attn":
+            continue  # the package's front door imports everything
+        source = group(name)
+        for target in imports(path):
+            target_group = group(resolve(target, modules))
+            if RANKS[target_group] > RANKS[source] or (
+                    RANKS[target_group] == RANKS[source] and target_group != source):
+                wrong.append(f"{name} ({source}) imports {target} ({target_group})")
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    modules = all_modules()
+    graph = {name: {resolve(t, modules) for t in imports(path)} - {name}
+             for name, path in modules.items() if name != "keras_attn"}
+    state: dict[str, int] = {}
+
+    def visit(name, stack):
+        state[name] = 1
+        for target in sorted(graph.get(name, ())):
+            if target == "keras_attn" or target not in graph:
+                continue
+            if state.get(target) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack + [name, target]))
+            if not state.get(target):
+                visit(target, stack + [name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if not state.get(name):
+            visit(name, [])
+
+
+def test_no_module_is_two_ideas():
+    long = {module_name(path): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > 520}
+    assert not long, f"modules over ~500 lines: {long}"
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_import_on_another_backend_does_not_import_tensorflow(backend):
+    pytest.importorskip(backend)
+    code = ("import sys, keras_attn, keras_attn.ops, keras_attn.layers, keras_attn.models, "
+            "keras_attn.decoding, keras_attn.tuning; "
+            "assert 'tensorflow' not in sys.modules, sorted(m for m in sys.modules "
+            "if m.startswith('tensorflow'))[:5]")
+    env = dict(os.environ, KERAS_BACKEND=backend)
+    result = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True,
+                            text=True, timeout=240, cwd=PACKAGE.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
