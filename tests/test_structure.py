@@ -48,11 +48,11 @@ def imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("keras_attn"))
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.startswith("keras_attn"):
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    found.add(sub if sub in modules else node.module)
+        elif (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+              and node.module.startswith("keras_attn")):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
     return found
 
 
