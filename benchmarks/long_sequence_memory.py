@@ -59,8 +59,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-rss-gib", type=float, default=12.0,
                         help="kill a child whose RSS exceeds this (the machine is shared)")
     parser.add_argument("--time-limit", type=float, default=900.0, help="seconds per child")
+    parser.add_argument("--tuning", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="keras_attn.tuning switches for every child, e.g. "
+                             "loop_parallelism=None block_budget=16777216")
     parser.add_argument("--worker", nargs=2, metavar=("IMPL", "LENGTH"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def tuning_switches(pairs) -> dict:
+    """`["name=value", ...]` -> `{name: value}` with ints, None, True and False read as such."""
+    switches = {}
+    for pair in pairs:
+        name, _, text = pair.partition("=")
+        value = {"None": None, "True": True, "False": False}.get(text, text)
+        switches[name] = int(value) if isinstance(value, str) else value
+    return switches
 
 
 def worker(impl: str, length: int, args) -> None:
@@ -68,15 +81,17 @@ def worker(impl: str, length: int, args) -> None:
     import keras
     import tensorflow as tf
 
+    from keras_attn import tuning
     from keras_attn.layers import MultiHead
 
+    tuning.configure(**tuning_switches(args.tuning))
     x = tf.random.normal((1, length, args.dim))
     if impl == "keras":
         layer = keras.layers.MultiHeadAttention(num_heads=1, key_dim=args.dim)
         layer.build((1, length, args.dim), (1, length, args.dim))
     else:
-        layer = MultiHead(num_heads=1, key_dim=args.dim, implementation=impl,
-                          chunk_size=args.chunk_size)
+        blocks = {"chunk_size": args.chunk_size} if impl == "chunked" else {}
+        layer = MultiHead(num_heads=1, key_dim=args.dim, implementation=impl, **blocks)
         layer.build((1, length, args.dim))
 
     masks = {}
@@ -112,6 +127,8 @@ def run_child(impl: str, length: int, args) -> dict:
            "--padding", str(args.padding)]
     if args.chunk_size is not None:
         cmd += ["--chunk-size", str(args.chunk_size)]
+    if args.tuning:
+        cmd += ["--tuning", *args.tuning]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)

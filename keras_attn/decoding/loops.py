@@ -54,7 +54,7 @@ def length_penalty(lengths, alpha):
 
 
 def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, choose,
-               return_attention: bool = False, alpha=0.0):
+               return_attention: bool = False, alpha=0.0, return_scores: bool = True):
     """Greedy search or sampling: at each step `choose(logits, index)` picks the next token.
 
     Args:
@@ -67,11 +67,12 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, 
         choose: `(logits float32 (B, V), index) -> int32 (B,)`.
         return_attention: bool, also return every step's attention `(B, L - 1, ...)`.
         alpha: length-penalty exponent of the returned scores.
+        return_scores: bool, compute the scores (a log-softmax per step). Defaults to `True`.
 
     Returns:
         `(tokens, scores, attention)`: the filled `(B, L)` buffer; float32 `(B,)` log-probability
         of the chosen tokens (under the model, before any filtering), divided by
-        `length_penalty(count, alpha)`; the attention or None.
+        `length_penalty(count, alpha)`, or None; the attention or None.
     """
     batch, length = ops.shape(tokens)[0], ops.shape(tokens)[1]
     start = ops.min(prompt_lengths) - 1
@@ -84,10 +85,11 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, 
         token = ops.where(forced, column(tokens, index + 1),
                           ops.where(finished, PAD_ID, chosen))
         live = ops.logical_not(ops.logical_or(forced, finished))
-        step_log_prob = ops.take_along_axis(ops.log_softmax(logits, axis=-1),
-                                            ops.expand_dims(chosen, -1), axis=-1)[:, 0]
-        log_prob = log_prob + ops.where(live, step_log_prob, 0.0)
-        count = count + ops.cast(live, "int32")
+        if return_scores:
+            step_log_prob = ops.take_along_axis(ops.log_softmax(logits, axis=-1),
+                                                ops.expand_dims(chosen, -1), axis=-1)[:, 0]
+            log_prob = log_prob + ops.where(live, step_log_prob, 0.0)
+            count = count + ops.cast(live, "int32")
         attention = _zero_rows(ops.logical_not(live), ops.convert_to_tensor(attention))
         finished = ops.logical_or(finished, ops.logical_and(live, ops.equal(token, eos_id)))
         return write(tokens, index + 1, token), finished, log_prob, count, state, attention
@@ -116,7 +118,7 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, 
 
     _, tokens, _, log_prob, count, _, history = ops.while_loop(
         cond, body, (start + 1, tokens, finished, log_prob, count, state, history))
-    scores = log_prob / length_penalty(count, alpha)
+    scores = log_prob / length_penalty(count, alpha) if return_scores else None
     return tokens, scores, history if return_attention else None
 
 

@@ -45,7 +45,7 @@ def _decoder_parts(model):
 
 
 def _decode(model, source_ids, *params, strategy, max_length, bos_id, eos_id, beam_size,
-            return_attention):
+            return_attention, return_scores):
     """The whole search for one batch: encode, then decode `max_length` tokens."""
     encoder, decoder = _decoder_parts(model)
     source_ids = ops.cast(source_ids, "int32")
@@ -79,11 +79,11 @@ def _decode(model, source_ids, *params, strategy, max_length, bos_id, eos_id, be
                 return ops.where(temperature > 0, sampled, choices.greedy(logits))
         tokens, scores, attention = loops.token_loop(
             step, state, tokens, prompt_lengths, eos_id, banned, choose, return_attention,
-            alpha)
+            alpha, return_scores)
     outputs = (tokens[:, 1:],)
     if return_attention:
         outputs += (ops.cast(attention, "float32"),)
-    return outputs + (scores,)
+    return outputs + ((scores,) if return_scores else ())
 
 
 def _search(model, source_ids, max_length, strategy, params, bos_id, eos_id, beam_size,
@@ -95,8 +95,9 @@ def _search(model, source_ids, max_length, strategy, params, bos_id, eos_id, bea
     outputs = compiled.run(
         _decode, model, (ops.convert_to_tensor(source_ids, "int32"),) + params,
         {"strategy": strategy, "max_length": max_length, "bos_id": bos_id, "eos_id": eos_id,
-         "beam_size": beam_size, "return_attention": bool(return_attention)}, jit_compile)
-    outputs = tuple(outputs) if return_scores else tuple(outputs)[:-1]
+         "beam_size": beam_size, "return_attention": bool(return_attention),
+         "return_scores": bool(return_scores)}, jit_compile)
+    outputs = tuple(outputs)
     return outputs[0] if len(outputs) == 1 else outputs
 
 

@@ -59,7 +59,8 @@ class MultiHead(BaseAttention):
         attention_bias: optional float tensor broadcastable to `(B, H, T, S)`, added to the
             scaled scores.
         cache: optional `(key_cache, value_cache)` of shapes `(B, H, S_max, key_dim)` and
-            `(B, H, S_max, value_dim)` (see `init_cache` / `compute_cache`). With
+            `(B, H, S_max, value_dim)` (see `init_cache` / `compute_cache`, which zeroes padded
+            positions; a cache is trusted and not checked for them again). With
             `cache_update_index=None` the cache is used as the keys and values (e.g.
             cross-attention to a fixed encoder; `key` and `value` must then be None);
             otherwise the projected `key`/`value` of this call are written into the cache at
@@ -170,12 +171,26 @@ class MultiHead(BaseAttention):
         """`(B, T, H · d)` -> `(B, H, T, d)`."""
         return attn_ops.split_heads(x, self.num_heads)
 
-    def compute_cache(self, key, value=None):
+    def compute_cache(self, key, value=None, key_mask=None):
         """Project fixed keys/values once, e.g. the encoder outputs for cross-attention.
 
-        Returns `(key_cache, value_cache)` of shapes `(B, H, S, key_dim)`, `(B, H, S, value_dim)`.
+        Args:
+            key: `(B, S, dk)`.
+            value: `(B, S, dv)`. Defaults to `key`.
+            key_mask: optional boolean `(B, S)`, False at padded keys: those positions are
+                zeroed before projecting, so a non-finite number there cannot reach the
+                outputs of later calls (which trust the cache and do not check it again).
+                Defaults to the implicit mask of `key`.
+
+        Returns:
+            `(key_cache, value_cache)` of shapes `(B, H, S, key_dim)`, `(B, H, S, value_dim)`.
         """
         value = key if value is None else value
+        key_mask = getattr(key, "_keras_mask", None) if key_mask is None else key_mask
+        if key_mask is not None:
+            keep = ops.expand_dims(ops.cast(key_mask, "bool"), -1)  # (B, S, 1)
+            key = ops.where(keep, key, ops.zeros_like(key))
+            value = ops.where(keep, value, ops.zeros_like(value))
         return (self.split_heads(xla_dense(self.key_dense, key)),
                 self.split_heads(xla_dense(self.value_dense, value)))
 
@@ -296,8 +311,9 @@ class MultiHead(BaseAttention):
             chunk_size=self.chunk_size if implementation == "chunked" else None,
             bias=attention_bias,
             return_weights=bool(return_attention_scores),
-            # The inputs were zeroed before projecting (`prepare`); a cache was not.
-            zero_masked_inputs=cache is not None,
+            # The inputs were zeroed before projecting (`prepare`), the cache's too
+            # (`compute_cache`): no per-step pass over the cache.
+            zero_masked_inputs=False,
         )  # (B, H, T, dv), (B, H, T, S) or None
         outputs = xla_dense(self.output_dense, attn_ops.merge_heads(context))
         results = (outputs,)

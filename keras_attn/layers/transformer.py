@@ -313,14 +313,16 @@ class TransformerDecoder(_TransformerStack):
         """
         check_positive_int("max_length", max_length)
         batch_size = ops.shape(source_ids)[0]
+        padding_mask = ops.not_equal(source_ids, PAD_ID)  # (B, S)
         return {
             "self_attention_cache": tuple(
                 block.init_self_attention_cache(batch_size, max_length) for block in self.blocks
             ),
             "cross_attention_cache": tuple(
-                block.compute_cross_attention_cache(encoder_outputs) for block in self.blocks
+                block.compute_cross_attention_cache(encoder_outputs, padding_mask)
+                for block in self.blocks
             ),
-            "encoder_padding_mask": ops.not_equal(source_ids, PAD_ID),  # (B, S)
+            "encoder_padding_mask": padding_mask,
         }
 
     def decode_step(self, token_ids, index, state: dict):

@@ -314,9 +314,10 @@ class TransformerDecoderBlock(_TransformerBlock):
         """An all-zero self-attention cache `(k, v)`, each `(B, num_heads, max_length, d_h)`."""
         return self.self_attention.init_cache(batch_size, max_length)
 
-    def compute_cross_attention_cache(self, encoder_outputs):
+    def compute_cross_attention_cache(self, encoder_outputs, encoder_padding_mask=None):
         """The projected encoder keys and values `(k, v)`, each `(B, num_heads, S, d_h)`."""
-        return self.cross_attention.compute_cache(encoder_outputs)
+        return self.cross_attention.compute_cache(encoder_outputs,
+                                                  key_mask=encoder_padding_mask)
 
     def call(
         self,
