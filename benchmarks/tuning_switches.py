@@ -50,7 +50,6 @@ def builders():
     from keras_attn.layers import MultiHead
 
     def attention(shape, implementation, chunk_size=None):
-        batch, heads, length, depth = shape
         q, k, v = (tf.random.normal(shape) for _ in range(3))
         extra = {"chunk_size": chunk_size} if implementation == "chunked" else {}
 
