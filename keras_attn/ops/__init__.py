@@ -4,6 +4,7 @@
   (`sequence_mask`, `causal_mask`, `local_attention_mask`, `merge_masks`);
 - `softmax`, `dropout`: float32 masked softmax, 16-bit dropout masks;
 - `heads`: splitting projections into heads and merging them back;
+- `position`: rotary embeddings, and position biases (ALiBi, T5 buckets) computed per tile;
 - `attention`: `dot_product_attention`, the one dispatch over the kernels in `kernels/`
   (dense with a fused backward, blockwise, local, and the linear kernel beside them).
 
@@ -29,11 +30,23 @@ from keras_attn.ops.masks import (
     sequence_mask,
     valid_lens_mask,
 )
+from keras_attn.ops.position import (
+    AlibiBias,
+    PositionBias,
+    RelativePositionBias,
+    alibi_slopes,
+    relative_position_bucket,
+    rotary_embedding,
+)
 from keras_attn.ops.softmax import masked_softmax
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "AlibiBias",
     "AttentionMask",
+    "PositionBias",
+    "RelativePositionBias",
+    "alibi_slopes",
     "causal_mask",
     "dot_product_attention",
     "dropout",
@@ -45,6 +58,8 @@ __all__ = [
     "masked_softmax",
     "merge_heads",
     "merge_masks",
+    "relative_position_bucket",
+    "rotary_embedding",
     "sequence_mask",
     "split_heads",
     "valid_lens_mask",

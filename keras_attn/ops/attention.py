@@ -29,9 +29,11 @@ from keras_attn._checks import (
     static_int,
 )
 from keras_attn.ops.kernels.blockwise import blockwise_attention
+from keras_attn.ops.kernels.common import lay_out, lead_shape
 from keras_attn.ops.kernels.dense import dense_attention
 from keras_attn.ops.kernels.local import local_attention
 from keras_attn.ops.masks import AttentionMask
+from keras_attn.ops.position import PositionBias
 
 IMPLEMENTATIONS = ("dense", "chunked", "local")
 
@@ -147,6 +149,7 @@ def dot_product_attention(
     return_weights: bool | None = None,
     query_chunk_size: int | None = None,
     zero_masked_inputs: bool = True,
+    position_bias: PositionBias | None = None,
 ):
     """Scaled dot-product attention, `softmax(Q Kᵀ · scale + bias) V`, by the chosen kernel.
 
@@ -169,8 +172,9 @@ def dot_product_attention(
         valid_lens: optional integer `(B,)` or `(B, T)` number of valid keys.
         use_causal_mask: bool, query `i` sees keys `j <= i + causal_offset`.
         bias: optional float tensor broadcastable to `(..., T, S)`, added to the scaled scores
-            (ALiBi, relative positions, a torch-style additive mask). Not with `"local"`.
-        causal_offset: int or scalar tensor, key position of query 0. Defaults to `0`.
+            (a torch-style additive mask, any bias). Not with `"local"`.
+        causal_offset: int or scalar tensor, key position of query 0 (for the causal mask
+            and `position_bias`). Defaults to `0`.
         return_weights: bool or None: whether to return the weights; `None` returns them when
             the dense kernel runs. Without them the dense kernel keeps the weights for a fused
             backward pass instead of the backend's differentiation. Defaults to `None`.
@@ -178,6 +182,10 @@ def dot_product_attention(
         zero_masked_inputs: bool, zero the queries and keys the mask hides everywhere before
             attending (a layer that zeroed its inputs before projecting may skip it).
             Defaults to `True`.
+        position_bias: optional `keras_attn.ops.PositionBias` (`AlibiBias`,
+            `RelativePositionBias`) over `H` heads, spread over the leading axes after the batch
+            (`(B, H, T, d)` inputs, or `(B, H_kv, G, T, d)`): the dense kernel adds it whole,
+            the blockwise kernel tile by tile, the local kernel per window. Defaults to `None`.
 
     Returns:
         `(outputs, weights)`: outputs `(..., T, dv)` in the dtype of `value`, weights
@@ -221,6 +229,11 @@ def dot_product_attention(
                 "never hold the (T, S) scores; use implementation=\"dense\" or \"chunked\"."
             )
         bias = _check_bias(bias, query, key)
+    if position_bias is not None and not isinstance(position_bias, PositionBias):
+        raise ValueError(
+            "Argument `position_bias` must be a keras_attn.ops.PositionBias (AlibiBias, "
+            f"RelativePositionBias). Received: position_bias={position_bias!r}"
+        )
     mask = as_attention_mask(mask, ops.shape(query)[-2], ops.shape(key)[-2], query.shape[0],
                              valid_lens, use_causal_mask, causal_offset)
     rank = len(query.shape)
@@ -248,13 +261,17 @@ def dot_product_attention(
         implementation = "dense"
     if implementation == "dense":
         tile = None if mask is None else mask.block(rank=max(rank, mask.rank))
+        if position_bias is not None:
+            dense = lay_out(position_bias.dense(ops.shape(query)[-2], ops.shape(key)[-2],
+                                                causal_offset), lead_shape(query, key))
+            bias = dense if bias is None else ops.cast(bias, "float32") + dense
         outputs, weights = dense_attention(query, key, value, tile, bias, rate, seed,
                                            return_weights is not False)
     elif implementation == "chunked":
         outputs = blockwise_attention(query, key, value, mask, bias, chunk_size,
-                                      query_chunk_size)
+                                      query_chunk_size, position_bias, causal_offset)
     else:
-        outputs = local_attention(query, key, value, mask, rate, seed)
+        outputs = local_attention(query, key, value, mask, rate, seed, position_bias)
     if query_valid is not None:
         rows = _expand_rows(query_valid, rank)  # (B, 1.., T, 1)
         outputs = ops.where(rows, outputs, ops.zeros_like(outputs))

@@ -26,6 +26,9 @@ from keras_attn import tuning
 from keras_attn.ops.kernels.common import (
     EMPTY_ROW_LSE,
     append_column,
+    lay_in,
+    lay_out,
+    lead_shape,
     matmul_minus_rows,
     scores,
     sum_to_shape,
@@ -65,20 +68,17 @@ def _slice(x, axis: int, start, size: int):
     return ops.slice(x, starts, shape)
 
 
-def _lead_shape(q, k) -> tuple:
-    """The leading axes of the outputs: `q`'s and `k`'s broadcast against each other."""
-    q_dims, k_dims = ops.shape(q)[:-2], ops.shape(k)[:-2]
-    return tuple(k_dim if q.shape[i] == 1 else q_dim
-                 for i, (q_dim, k_dim) in enumerate(zip(q_dims, k_dims)))
-
-
 class _Blocks:
     """What the forward and backward passes share: block sizes, the mask, the bias."""
 
-    def __init__(self, rank, mask, bias, chunk, num_key_blocks, q_chunk, num_query_blocks):
+    def __init__(self, rank, mask, has_bias, position, offset, lead, chunk, num_key_blocks,
+                 q_chunk, num_query_blocks):
         self.rank = rank
         self.mask = mask
-        self.bias = bias
+        self.has_bias = has_bias  # a bias tensor is the first extra input
+        self.position = position  # a PositionBias, its parameters the other extra inputs
+        self.offset = offset
+        self.lead = lead  # the outputs' leading axes, to lay a (H, r, c) bias tile out
         self.chunk = chunk
         self.num_key_blocks = num_key_blocks
         self.q_chunk = q_chunk
@@ -99,10 +99,25 @@ class _Blocks:
             return None
         return self.mask.block(row_start, rows, col_start, self.chunk, self.rank)
 
-    def bias_tile(self, bias, row_start, rows, col_start):
-        if bias is None:
-            return None
-        return _slice(_slice(bias, -2, row_start, rows), -1, col_start, self.chunk)
+    def positions(self, row_start, rows, col_start):
+        """Int32 query positions `(rows, 1)` and key positions `(1, chunk)` of a tile."""
+        query_pos = row_start + ops.arange(rows, dtype="int32") + self.offset
+        key_pos = col_start + ops.arange(self.chunk, dtype="int32")
+        return ops.expand_dims(query_pos, -1), ops.expand_dims(key_pos, 0)
+
+    def bias_tile(self, extras, row_start, rows, col_start):
+        """The float32 bias of a tile (tensor slice plus position bias), or None."""
+        out = None
+        if self.has_bias:
+            out = ops.cast(_slice(_slice(extras[0], -2, row_start, rows), -1, col_start,
+                                  self.chunk), "float32")
+        if self.position is not None:
+            params = tuple(extras[int(self.has_bias):])
+            tile = self.position.tile(*self.positions(row_start, rows, col_start),
+                                      params=params or None)  # (H, rows, c)
+            tile = lay_out(tile, self.lead)
+            out = tile if out is None else out + tile
+        return out
 
     def key_loop(self, row_start, rows, body, init):
         """Run `body(col_start, carry)` over the visible key blocks."""
@@ -113,7 +128,7 @@ class _Blocks:
                                 init)
 
 
-def _forward_rows(blocks, q_rows, k, v, bias, row_start):
+def _forward_rows(blocks, q_rows, k, v, extras, row_start):
     """Online softmax over the key blocks for one block of queries: float32 outputs
     `(..., rows, dv)` and log-sum-exp `(..., rows, 1)`."""
     rows = _rows(q_rows)
@@ -127,7 +142,7 @@ def _forward_rows(blocks, q_rows, k, v, bias, row_start):
         k_block = _slice(k, -2, col_start, blocks.chunk)  # (..., c, d)
         v_block = _slice(values, -2, col_start, blocks.chunk)  # (..., c, dv [+ 1])
         s = scores(q_rows, k_block, blocks.tile(row_start, rows, col_start),
-                   blocks.bias_tile(bias, row_start, rows, col_start))  # (..., rows, c)
+                   blocks.bias_tile(extras, row_start, rows, col_start))  # (..., rows, c)
         new_max = ops.maximum(row_max, ops.max(s, axis=-1, keepdims=True))  # (..., rows, 1)
         # Masked entries are exp(-1e30 - max) = 0 once a row has seen a real score; before
         # that they count 1 each, and the rescale exp(-1e30 - max) = 0 wipes them later.
@@ -140,7 +155,7 @@ def _forward_rows(blocks, q_rows, k, v, bias, row_start):
             block_sum = ops.sum(probs, axis=-1, keepdims=True)
         return new_max, rescale * row_sum + block_sum, rescale * acc + context
 
-    lead = _lead_shape(q_rows, k) + (rows,)
+    lead = lead_shape(q_rows, k) + (rows,)
     init = (ops.full(lead + (1,), MASK_VALUE, "float32"), ops.zeros(lead + (1,), "float32"),
             ops.zeros(lead + (value_depth,), "float32"))
     row_max, row_sum, acc = blocks.key_loop(row_start, rows, body, init)
@@ -154,23 +169,23 @@ def _forward_rows(blocks, q_rows, k, v, bias, row_start):
             ops.where(has_keys, row_max + ops.log(safe_sum), EMPTY_ROW_LSE))
 
 
-def _backward_rows(blocks, q_rows, k, v, bias, d_out, delta, lse, row_start, carry):
-    """Gradients for one block of queries: `(dq_rows, dk, dv, d_bias)`, adding this block's
-    share into the key, value and bias gradients of `carry`."""
+def _backward_rows(blocks, q_rows, k, v, extras, d_out, delta, lse, row_start, carry):
+    """Gradients for one block of queries: `(dq_rows, dk, dv, d_extras)`, adding this block's
+    share into the key, value, bias and position-parameter gradients of `carry`."""
     rows = _rows(q_rows)
     fold = tuning.fold_row_terms(q_rows, v)
     accumulate = blocks.q_chunk is not None  # other query blocks add to the same keys
 
     def body(col_start, carry):
-        dq_rows, dk, dv, d_bias = carry
+        dq_rows, dk, dv, d_extras = carry
         k_block = _slice(k, -2, col_start, blocks.chunk)  # (..., c, d)
         v_block = _slice(v, -2, col_start, blocks.chunk)  # (..., c, dv)
         tile = blocks.tile(row_start, rows, col_start)
-        bias_tile = blocks.bias_tile(bias, row_start, rows, col_start)
+        bias_tile = blocks.bias_tile(extras, row_start, rows, col_start)
         # The block's weights, recomputed: exp(q kᵀ + bias - lse).
         shifted = matmul_minus_rows(q_rows, k_block, lse, fold)  # (..., rows, c)
         if bias_tile is not None:
-            shifted = shifted + ops.cast(bias_tile, "float32")
+            shifted = shifted + bias_tile
         if tile is not None:
             shifted = ops.where(tile, shifted, MASK_VALUE)
         probs = ops.exp(shifted)  # (..., rows, c)
@@ -188,10 +203,20 @@ def _backward_rows(blocks, q_rows, k, v, bias, d_out, delta, lse, row_start, car
             d_v = d_v + _slice(dv, -2, col_start, blocks.chunk)
         dk = ops.slice_update(dk, starts, d_k)
         dv = ops.slice_update(dv, starts, d_v)
-        if bias_tile is not None:
-            d_bias = _add_bias_block(d_bias, sum_to_shape(d_scores, bias_tile.shape), bias,
-                                     row_start, col_start)
-        return dq_rows, dk, dv, d_bias
+        d_extras = list(d_extras)
+        if blocks.has_bias:
+            block_shape = _slice(_slice(extras[0], -2, row_start, rows), -1, col_start,
+                                 blocks.chunk).shape
+            d_extras[0] = _add_bias_block(d_extras[0], sum_to_shape(d_scores, block_shape),
+                                          extras[0], row_start, col_start)
+        if blocks.position is not None and blocks.position.params:
+            d_tile = lay_in(ops.sum(d_scores, axis=0), blocks.position.num_heads)  # (H, r, c)
+            grads = blocks.position.tile_grads(d_tile, *blocks.positions(row_start, rows,
+                                                                          col_start))
+            offset = int(blocks.has_bias)
+            for i, grad in enumerate(grads):
+                d_extras[offset + i] = d_extras[offset + i] + ops.cast(grad, "float32")
+        return dq_rows, dk, dv, tuple(d_extras)
 
     dq_rows = ops.zeros(ops.shape(q_rows), "float32")
     return blocks.key_loop(row_start, rows, body, (dq_rows,) + tuple(carry))
@@ -210,19 +235,20 @@ def _add_bias_block(d_bias, block, bias, row_start, col_start):
     return ops.slice_update(d_bias, starts, current + block)
 
 
-def _attention_fn(blocks, with_bias: bool):
-    """The custom-gradient function of (scaled query, padded key, padded value[, bias])."""
+def _attention_fn(blocks):
+    """The custom-gradient function of (scaled query, padded key, padded value, *extras), the
+    extras a bias tensor and then the position bias' parameters."""
 
-    def forward(q, k, v, bias):
+    def forward(q, k, v, extras):
         if blocks.q_chunk is None:
-            return _forward_rows(blocks, q, k, v, bias, 0)
-        lead = _lead_shape(q, k) + (_rows(q),)
+            return _forward_rows(blocks, q, k, v, extras, 0)
+        lead = lead_shape(q, k) + (_rows(q),)
 
         def body(i, carry):
             outputs, lse = carry
             row_start = i * blocks.q_chunk
             q_rows = _slice(q, -2, row_start, blocks.q_chunk)  # (..., rq, d)
-            out_rows, lse_rows = _forward_rows(blocks, q_rows, k, v, bias, row_start)
+            out_rows, lse_rows = _forward_rows(blocks, q_rows, k, v, extras, row_start)
             starts = [0] * (len(lead) - 1) + [row_start, 0]
             return (ops.slice_update(outputs, starts, out_rows),
                     ops.slice_update(lse, starts, lse_rows))
@@ -230,61 +256,48 @@ def _attention_fn(blocks, with_bias: bool):
         init = (ops.zeros(lead + (v.shape[-1],), "float32"), ops.zeros(lead + (1,), "float32"))
         return tuning.fori_loop(blocks.num_query_blocks, body, init)
 
-    def backward(q, k, v, bias, outputs, lse, upstream):
+    def backward(q, k, v, extras, outputs, lse, upstream):
         d_out = ops.cast(upstream, v.dtype)
         # rowsum(dO ⊙ O): the softmax Jacobian's diagonal correction, one number per row.
         delta = ops.sum(ops.cast(d_out, "float32") * outputs, axis=-1, keepdims=True)
+        d_extras = tuple(ops.zeros(ops.shape(x), "float32") for x in extras)
         carry = (ops.zeros(ops.shape(k), "float32"), ops.zeros(ops.shape(v), "float32"),
-                 None if bias is None else ops.zeros(ops.shape(bias), "float32"))
-        if bias is None:
-            carry = carry[:2] + (ops.zeros((), "float32"),)
+                 d_extras)
         if blocks.q_chunk is None:
-            return _backward_rows(blocks, q, k, v, bias, d_out, delta, lse, 0, carry)
+            return _backward_rows(blocks, q, k, v, extras, d_out, delta, lse, 0, carry)
 
         def body(i, carry):
-            dq, dk, dv, d_bias = carry
+            dq, dk, dv, d_extras = carry
             row_start = i * blocks.q_chunk
             q_rows, d_rows, delta_rows, lse_rows = (
                 _slice(x, -2, row_start, blocks.q_chunk) for x in (q, d_out, delta, lse))
-            dq_rows, dk, dv, d_bias = _backward_rows(
-                blocks, q_rows, k, v, bias, d_rows, delta_rows, lse_rows, row_start,
-                (dk, dv, d_bias))
+            dq_rows, dk, dv, d_extras = _backward_rows(
+                blocks, q_rows, k, v, extras, d_rows, delta_rows, lse_rows, row_start,
+                (dk, dv, d_extras))
             starts = [0] * (len(dq.shape) - 2) + [row_start, 0]
-            return ops.slice_update(dq, starts, dq_rows), dk, dv, d_bias
+            return ops.slice_update(dq, starts, dq_rows), dk, dv, d_extras
 
         return tuning.fori_loop(blocks.num_query_blocks, body,
                                 (ops.zeros(ops.shape(q), "float32"),) + carry)
 
-    def run(q, k, v, bias):
-        outputs, lse = forward(q, k, v, bias)
-
-        def grads(upstream):
-            dq, dk, dv, d_bias = backward(q, k, v, bias, outputs, lse, upstream)
-            result = (ops.cast(dq, q.dtype), ops.cast(dk, k.dtype), ops.cast(dv, v.dtype))
-            return result + ((ops.cast(d_bias, bias.dtype),) if bias is not None else ())
-
-        return ops.cast(outputs, v.dtype), grads
-
-    if with_bias:
-        @ops.custom_gradient
-        def attend_with_bias(q, k, v, bias):
-            outputs, grads = run(q, k, v, bias)
-            return outputs, lambda *args, upstream=None: grads(args[0] if upstream is None
-                                                               else upstream)
-
-        return attend_with_bias
-
     @ops.custom_gradient
-    def attend(q, k, v):
-        outputs, grads = run(q, k, v, None)
-        return outputs, lambda *args, upstream=None: grads(args[0] if upstream is None
-                                                           else upstream)
+    def attend(q, k, v, *extras):
+        outputs, lse = forward(q, k, v, extras)
+
+        def grad(*args, upstream=None):
+            upstream = args[0] if upstream is None else upstream
+            dq, dk, dv, d_extras = backward(q, k, v, extras, outputs, lse, upstream)
+            return (ops.cast(dq, q.dtype), ops.cast(dk, k.dtype), ops.cast(dv, v.dtype)) + tuple(
+                ops.cast(d, x.dtype) for d, x in zip(d_extras, extras))
+
+        return ops.cast(outputs, v.dtype), grad
 
     return attend
 
 
 def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
-                        chunk_size: int | None = None, query_chunk_size: int | None = None):
+                        chunk_size: int | None = None, query_chunk_size: int | None = None,
+                        position=None, offset=0):
     """`softmax(q kᵀ + bias) v` in blocks of keys, never holding `(T, S)`.
 
     Args:
@@ -298,6 +311,9 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
             `query_chunk_size · chunk_size` scores, and causal attention skips the blocks
             above the diagonal; the backward pass then adds each block's key gradients into
             an `(S, d)` buffer, so it pays mainly for causal attention.
+        position: optional `keras_attn.ops.PositionBias`, added tile by tile (never `(T, S)`),
+            its parameters differentiated tile by tile.
+        offset: int or scalar tensor, the position of query 0 for `position`.
 
     Returns:
         Outputs `(..., T, dv)` in the dtype of `v`; rows with nothing to attend to are zero,
@@ -313,6 +329,9 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
     chunk = min(chunk_size, key_len) if isinstance(key_len, int) else chunk_size
     if q_chunk is None and isinstance(key_len, int) and chunk >= key_len:
         tile = None if mask is None else mask.block(rank=rank)
+        if position is not None:
+            dense = lay_out(position.dense(query_len, key_len, offset), lead_shape(q, k))
+            bias = dense if bias is None else ops.cast(bias, "float32") + dense
         return dense_attention(q, k, v, tile, bias, return_weights=False)[0]
 
     num_key_blocks, key_pad = _blocks(key_len, chunk)
@@ -326,13 +345,14 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
         mask = None
     k, v = _pad(k, -2, key_pad), _pad(v, -2, key_pad)  # (..., S_pad, ·)
     q = _pad(q, -2, query_pad)  # (..., T_pad, d); padded rows are dropped below
+    extras = ()
     if bias is not None:
-        bias = _pad(_pad(ops.convert_to_tensor(bias), -1, key_pad), -2, query_pad)
-    blocks = _Blocks(rank, mask, bias, chunk, num_key_blocks, q_chunk, num_query_blocks)
-    if bias is None:
-        outputs = _attention_fn(blocks, False)(q, k, v)  # (..., T_pad, dv)
-    else:
-        outputs = _attention_fn(blocks, True)(q, k, v, bias)
+        extras = (_pad(_pad(ops.convert_to_tensor(bias), -1, key_pad), -2, query_pad),)
+    if position is not None:
+        extras += tuple(position.params)
+    blocks = _Blocks(rank, mask, bias is not None, position, offset, lead_shape(q, k), chunk,
+                     num_key_blocks, q_chunk, num_query_blocks)
+    outputs = _attention_fn(blocks)(q, k, v, *extras)  # (..., T_pad, dv)
     if not (isinstance(query_pad, int) and query_pad == 0):
         outputs = _slice(outputs, -2, 0, query_len)  # (..., T, dv)
     return outputs

@@ -65,3 +65,25 @@ def sum_to_shape(x, shape):
 def rows_with_keys(tile):
     """`(..., r, 1)` True where a row of the boolean `tile` sees any key; None for no tile."""
     return None if tile is None else ops.any(tile, axis=-1, keepdims=True)
+
+
+def lead_shape(q, k) -> tuple:
+    """The leading axes of the scores: `q`'s and `k`'s broadcast against each other."""
+    q_dims, k_dims = ops.shape(q)[:-2], ops.shape(k)[:-2]
+    return tuple(k_dim if q.shape[i] == 1 else q_dim
+                 for i, (q_dim, k_dim) in enumerate(zip(q_dims, k_dims)))
+
+
+def lay_out(tile, lead):
+    """A `(H, r, c)` position-bias tile laid out over the leading axes `lead` `(B, ...)` of the
+    scores: `(1, ..., r, c)`, the heads spread over `lead[1:]` (one axis, or key/value heads
+    and their groups)."""
+    shape = ops.shape(tile)
+    return ops.reshape(tile, (1,) + tuple(lead[1:]) + tuple(shape[-2:]))
+
+
+def lay_in(d_tile, num_heads):
+    """The inverse of `lay_out` for a gradient summed over the batch: `(..., r, c)` ->
+    `(H, r, c)`."""
+    shape = ops.shape(d_tile)
+    return ops.reshape(d_tile, (num_heads,) + tuple(shape[-2:]))

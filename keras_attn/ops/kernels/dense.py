@@ -68,9 +68,8 @@ def dense_attention(q, k, v, tile=None, bias=None, dropout_rate: float = 0.0, se
         weights = ops.cast(weights, v.dtype)
         attended = dropout(weights, dropout_rate, seed=seed) if dropout_rate > 0.0 else weights
         return tuning.matmul(attended, v), weights  # (..., T, dv)
-    if bias is None:
-        return _fused(tile, dropout_rate, seed)(q, k, v), None
-    return _fused_with_bias(tile, dropout_rate, seed)(q, k, v, bias), None
+    extras = () if bias is None else (bias,)
+    return _fused(tile, dropout_rate, seed)(q, k, v, *extras), None
 
 
 def _forward_backward(q, k, v, tile, bias, dropout_rate, seed):
@@ -113,29 +112,16 @@ def _forward_backward(q, k, v, tile, bias, dropout_rate, seed):
 
 def _fused(tile, dropout_rate, seed):
     @ops.custom_gradient
-    def attend(q, k, v):
-        outputs, backward = _forward_backward(q, k, v, tile, None, dropout_rate, seed)
+    def attend(q, k, v, *bias):
+        outputs, backward = _forward_backward(q, k, v, tile, bias[0] if bias else None,
+                                              dropout_rate, seed)
 
         def grad(*args, upstream=None):
-            if upstream is None:
-                (upstream,) = args
-            return backward(upstream)[:3]
-
-        return outputs, grad
-
-    return attend
-
-
-def _fused_with_bias(tile, dropout_rate, seed):
-    @ops.custom_gradient
-    def attend(q, k, v, bias):
-        outputs, backward = _forward_backward(q, k, v, tile, bias, dropout_rate, seed)
-
-        def grad(*args, upstream=None):
-            if upstream is None:
-                (upstream,) = args
+            upstream = args[0] if upstream is None else upstream
             d_q, d_k, d_v, d_scores = backward(upstream)
-            return d_q, d_k, d_v, ops.cast(sum_to_shape(d_scores, bias.shape), bias.dtype)
+            if not bias:
+                return d_q, d_k, d_v
+            return d_q, d_k, d_v, ops.cast(sum_to_shape(d_scores, bias[0].shape), bias[0].dtype)
 
         return outputs, grad
 

@@ -16,7 +16,7 @@ from keras import ops
 from keras_attn import tuning
 from keras_attn._checks import static_int
 from keras_attn.ops.dropout import dropout
-from keras_attn.ops.kernels.common import scores
+from keras_attn.ops.kernels.common import lay_out, lead_shape, scores
 from keras_attn.ops.masks import AttentionMask
 from keras_attn.ops.softmax import masked_softmax
 
@@ -53,8 +53,9 @@ def _expand(x, rank: int):
     return x
 
 
-def local_attention(q, k, v, mask: AttentionMask, dropout_rate: float = 0.0, seed=None):
-    """Sliding-window `softmax(q kᵀ) v` over the window of `mask`, blockwise.
+def local_attention(q, k, v, mask: AttentionMask, dropout_rate: float = 0.0, seed=None,
+                    position=None):
+    """Sliding-window `softmax(q kᵀ + bias) v` over the window of `mask`, blockwise.
 
     Args:
         q: scaled queries `(..., T, d)`.
@@ -64,10 +65,17 @@ def local_attention(q, k, v, mask: AttentionMask, dropout_rate: float = 0.0, see
             `num_global` (a dense mask or per-query lengths raise a ValueError).
         dropout_rate: float in [0, 1), dropout on the weights (0 outside training).
         seed: the dropout's seed.
+        position: optional relative `keras_attn.ops.PositionBias`: every window tile gets the
+            same `(H, b, 3b)` bias (it depends on `key - query` only).
 
     Returns:
         `(..., T, dv)` in the dtype of `v`; a query with no visible valid key gets zeros.
     """
+    if position is not None and not position.relative:
+        raise ValueError(
+            "The local kernel takes position biases that depend on key - query only. "
+            f"Received: position_bias={position!r}"
+        )
     if mask is None or mask.window is None:
         raise ValueError("The local kernel needs an `AttentionMask` with a `window`.")
     if static_int(mask.offset) != 0:
@@ -109,7 +117,12 @@ def local_attention(q, k, v, mask: AttentionMask, dropout_rate: float = 0.0, see
     tile_mask = ops.logical_and(
         ops.convert_to_tensor(_band_within_tile(block, window, causal)), valid_tile
     )  # (B, N, b, cb)
+    lead = lead_shape(q, k)
     s = scores(q_blocks, k_tile)  # (..., N, b, cb) float32
+    if position is not None:  # query r of a tile at b + r, tile key c at c
+        rel = position.tile(ops.arange(block, dtype="int32")[:, None] + block,
+                            ops.arange(tile_width, dtype="int32")[None, :])  # (H, b, cb)
+        s = s + ops.expand_dims(lay_out(rel, lead), -3)  # (1, ..., 1, b, cb)
     if num_global:
         # Global keys get their own columns, so hide them in the tile to count them once.
         tile_pos = (ops.arange(num_blocks, dtype="int32")[:, None] - 1) * block + ops.arange(
@@ -117,6 +130,12 @@ def local_attention(q, k, v, mask: AttentionMask, dropout_rate: float = 0.0, see
         tile_mask = ops.logical_and(tile_mask, ops.greater_equal(tile_pos, num_global)[:, None])
         k_glob, v_glob = k[..., :num_global, :], v[..., :num_global, :]  # (..., g, ·)
         glob_scores = scores(q_blocks, ops.expand_dims(k_glob, -3))  # (..., N, b, g)
+        if position is not None:
+            glob_bias = position.tile(
+                ops.arange(num_blocks * block, dtype="int32")[:, None],
+                ops.arange(num_global, dtype="int32")[None, :])  # (H, N·b, g)
+            glob_scores = glob_scores + ops.reshape(
+                glob_bias, (1,) + tuple(lead[1:]) + (num_blocks, block, num_global))
         query_pos = ops.arange(num_blocks, dtype="int32")[:, None] * block + ops.arange(
             block, dtype="int32")  # (N, b)
         glob_mask = valid[:, None, None, :num_global]  # (B, 1, 1, g)
@@ -146,6 +165,8 @@ def local_attention(q, k, v, mask: AttentionMask, dropout_rate: float = 0.0, see
         strip_mask = ops.logical_and(strip_mask, ops.arange(seq_len)[None, :] <= ops.arange(
             num_global)[:, None])  # (.., g, T)
     strip = scores(q[..., :num_global, :], k)  # (..., g, T)
+    if position is not None:
+        strip = strip + lay_out(position.dense(num_global, seq_len), lead)
     strip_weights = ops.cast(masked_softmax(strip, mask=strip_mask), v.dtype)
     if dropout_rate > 0.0:
         strip_weights = dropout(strip_weights, dropout_rate, seed=seed)

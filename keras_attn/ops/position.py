@@ -1,0 +1,203 @@
+"""Positions in attention: rotary embeddings of queries and keys, and biases of the scores that
+depend on query and key positions (ALiBi, T5's relative position buckets).
+
+A position bias is computed one tile of queries × keys at a time (`tile`), so the blockwise
+kernel adds it block by block and never holds `(T, S)`; its parameters (T5's table) get their
+gradient tile by tile too (`tile_grads`). A bias that depends on `key - query` only is
+`relative`, which lets the local kernel compute one tile for every window.
+"""
+
+from __future__ import annotations
+
+import math
+
+from keras import ops
+
+from keras_attn._checks import check_bool, check_int, check_number
+
+
+def rotary_embedding(x, start_index=0, max_wavelength: float = 10000.0,
+                     scaling_factor: float = 1.0, sequence_axis: int = -2):
+    """Rotate pairs of features by angles growing with the position (Su et al., 2021).
+
+    "Rotate half" layout, as `keras_hub.layers.RotaryEmbedding`: feature `i` of the first half
+    pairs with feature `i + d/2`, both rotated by `θᵢ = position · max_wavelength^(-2i/d) /
+    scaling_factor`. Computed in float32, cast back.
+
+    Args:
+        x: `(..., T, ..., d)` with an even `d` (the last axis).
+        start_index: int or scalar tensor, the position of the first element along
+            `sequence_axis` (a decoding cache's index). Defaults to `0`.
+        max_wavelength: float, the base of the angles. Defaults to `10000`.
+        scaling_factor: float >= 1, divides every angle (linear position interpolation).
+            Defaults to `1.0`.
+        sequence_axis: int, the axis of positions. Defaults to `-2`.
+
+    Returns:
+        Tensor of the shape and dtype of `x`.
+    """
+    depth = x.shape[-1]
+    if depth is None or depth % 2:
+        raise ValueError(
+            "Rotary embeddings need an even number of features (the last axis). Received: "
+            f"x.shape={tuple(x.shape)}"
+        )
+    rank = len(x.shape)
+    axis = sequence_axis % rank
+    length = ops.shape(x)[axis]
+    half = depth // 2
+    inverse = ops.power(float(max_wavelength), -ops.arange(0, depth, 2, dtype="float32")
+                        / float(depth)) / float(scaling_factor)  # (d/2,)
+    positions = ops.cast(ops.arange(length) + start_index, "float32")  # (T,)
+    angles = positions[:, None] * inverse[None, :]  # (T, d/2)
+    shape = [1] * rank
+    shape[axis], shape[-1] = -1, half
+    cos = ops.reshape(ops.cos(angles), shape)
+    sin = ops.reshape(ops.sin(angles), shape)
+    values = ops.cast(x, "float32")
+    first, second = values[..., :half], values[..., half:]
+    rotated = ops.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return ops.cast(rotated, x.dtype)
+
+
+class PositionBias:
+    """A bias of the attention scores computed from query and key positions.
+
+    Subclasses implement `tile(query_pos, key_pos, params=None)` → float32 `(H, rows, cols)`
+    for int32 `query_pos` `(rows, 1)` and `key_pos` `(1, cols)` (`params` replaces `params`,
+    for kernels that take them as inputs of a custom gradient), and, when they have trainable
+    parameters (`params`, a tuple of tensors), `tile_grads(d_tile, query_pos, key_pos)`, the
+    gradients of `sum(tile ⊙ d_tile)` with respect to each parameter. `relative` says whether
+    the bias depends on `key_pos - query_pos` only.
+    """
+
+    relative = True
+    num_heads: int
+
+    @property
+    def params(self) -> tuple:
+        return ()
+
+    def tile(self, query_pos, key_pos, params=None):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def tile_grads(self, d_tile, query_pos, key_pos) -> tuple:
+        return ()
+
+    def dense(self, query_len, key_len, offset=0):
+        """The whole `(H, T, S)` bias, query `i` at position `i + offset`."""
+        query_pos = ops.expand_dims(ops.arange(query_len, dtype="int32") + offset, -1)
+        key_pos = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)
+        return self.tile(query_pos, key_pos)
+
+
+def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> list[float]:
+    """The head slopes of ALiBi (Press et al., 2022), as its reference code builds them.
+
+    For `n` heads, a power of two: `2^(-max_bias · h / n)`, `h = 1..n`; otherwise the slopes
+    of the closest lower power of two `c`, followed by every other slope of `2c`, the first
+    `n - c` of them.
+    """
+    check_int("num_heads", num_heads, 1)
+
+    def power_of_two(n):
+        return [2.0 ** (-max_bias * (h + 1) / n) for h in range(n)]
+
+    if num_heads & (num_heads - 1) == 0:
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + power_of_two(2 * closest)[0::2][:num_heads - closest]
+
+
+class AlibiBias(PositionBias):
+    """ALiBi: `slope_h · (j - p)` for key `j` and a query at position `p` (Press et al.,
+    2022), with the head slopes of `alibi_slopes`. On the keys at or before the query this is
+    the paper's `-slope_h · (p - j)`; past it the line continues (a causal mask removes those
+    keys). `symmetric=True` gives `-slope_h · |p - j|`, for attention without a causal mask.
+    No trainable parameters.
+
+    Args:
+        num_heads: int, `H`.
+        max_bias: float, the exponent scale of the slopes (8 in the paper). Defaults to `8.0`.
+        symmetric: bool. Defaults to `False`.
+    """
+
+    def __init__(self, num_heads: int, max_bias: float = 8.0, symmetric: bool = False):
+        check_number("max_bias", max_bias, 0, strict=True)
+        check_bool("symmetric", symmetric)
+        self.num_heads = num_heads
+        self.slopes = alibi_slopes(num_heads, max_bias)
+        self.symmetric = symmetric
+
+    def tile(self, query_pos, key_pos, params=None):
+        distance = ops.cast(key_pos - query_pos, "float32")  # (rows, cols)
+        if self.symmetric:
+            distance = -ops.abs(distance)
+        slopes = ops.convert_to_tensor(self.slopes, "float32")[:, None, None]  # (H, 1, 1)
+        return slopes * distance[None]  # (H, rows, cols)
+
+
+def relative_position_bucket(relative_position, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128):
+    """T5's bucket of `relative_position = key - query` (Raffel et al., 2020).
+
+    Bidirectional: half the buckets for keys after the query, half for those at or before it,
+    on `n = |relative_position|`; otherwise `n = max(-relative_position, 0)`. Within `b`
+    buckets, `n < b // 2` has a bucket of its own; larger distances share logarithmically
+    wider buckets up to `max_distance`, and everything beyond shares the last one.
+
+    Returns:
+        int32 tensor of the shape of `relative_position`.
+    """
+    relative_position = ops.cast(relative_position, "int32")
+    buckets = ops.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + ops.cast(relative_position > 0, "int32") * num_buckets
+        distance = ops.abs(relative_position)
+    else:
+        distance = -ops.minimum(relative_position, 0)
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    far = ops.cast(ops.maximum(distance, max_exact), "float32")
+    if_large = max_exact + ops.cast(
+        ops.log(far / max_exact) / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact), "int32")
+    if_large = ops.minimum(if_large, num_buckets - 1)
+    return buckets + ops.where(is_small, distance, if_large)
+
+
+class RelativePositionBias(PositionBias):
+    """T5's learned relative position bias: `table[bucket(j - p), h]` (Raffel et al., 2020).
+
+    Args:
+        table: float tensor or variable `(num_buckets, H)`, the trainable parameter.
+        bidirectional: bool, separate buckets for keys after the query. Defaults to `True`.
+        max_distance: int, distances beyond share the last bucket. Defaults to `128`.
+    """
+
+    def __init__(self, table, bidirectional: bool = True, max_distance: int = 128):
+        check_bool("bidirectional", bidirectional)
+        check_int("max_distance", max_distance, 2)
+        self.table = table
+        self.num_buckets, self.num_heads = table.shape
+        self.bidirectional = bidirectional
+        self.max_distance = max_distance
+
+    @property
+    def params(self) -> tuple:
+        return (self.table,)
+
+    def buckets(self, query_pos, key_pos):
+        return relative_position_bucket(key_pos - query_pos, self.bidirectional,
+                                        self.num_buckets, self.max_distance)  # (rows, cols)
+
+    def tile(self, query_pos, key_pos, params=None):
+        table = ops.cast(self.table if params is None else params[0], "float32")
+        values = ops.take(table, self.buckets(query_pos, key_pos), axis=0)  # (rows, cols, H)
+        return ops.transpose(values, (2, 0, 1))  # (H, rows, cols)
+
+    def tile_grads(self, d_tile, query_pos, key_pos) -> tuple:
+        buckets = ops.reshape(self.buckets(query_pos, key_pos), (-1,))  # (rows · cols,)
+        per_entry = ops.transpose(ops.reshape(d_tile, (ops.shape(d_tile)[0], -1)))  # (r·c, H)
+        return (ops.segment_sum(per_entry, buckets, num_segments=self.num_buckets),)
