@@ -10,8 +10,11 @@ from keras_attn.layers.linear_attention import LinearAttention
 from keras_attn.layers.local_attention import LocalMultiHead
 from keras_attn.layers.multi_head import MultiHead
 from keras_attn.layers.nw_pooling import NWPooling
+from keras_attn.layers.position_bias import AlibiBias, RelativePositionBias
 from keras_attn.layers.position_encoding import (
+    RotaryEmbedding,
     SinusoidalPositionEncoding,
+    TokenAndPositionEmbedding,
     sinusoidal_table,
 )
 from keras_attn.layers.scaled_dot_attention import ScaledDotAttention
@@ -41,6 +44,7 @@ __all__ = [
     "FFN",
     "AddNorm",
     "AdditiveAttention",
+    "AlibiBias",
     "BahdanauCell",
     "BahdanauDecoder",
     "BahdanauEncoder",
@@ -52,9 +56,12 @@ __all__ = [
     "NWPooling",
     "PatchEmbedding",
     "PatchMerging",
+    "RelativePositionBias",
+    "RotaryEmbedding",
     "ScaledDotAttention",
     "SinusoidalPositionEncoding",
     "SwinBlock",
+    "TokenAndPositionEmbedding",
     "TransformerDecoder",
     "TransformerDecoderBlock",
     "TransformerEncoder",

@@ -26,58 +26,62 @@ def _input_rank(einsum_dense) -> int:
 
 def from_keras(cls, layer, **kwargs):
     """A built `cls` (a `MultiHead`) with the weights and options of a built
-    `keras.layers.MultiHeadAttention`.
+    `keras.layers.MultiHeadAttention` or `keras.layers.GroupQueryAttention`.
 
     Keras stores per-head kernels as `(in_dim, H, head_dim)`; they are flattened to
-    `(in_dim, H * head_dim)`, which splits back into the same heads.
+    `(in_dim, H * head_dim)`, which splits back into the same heads. Dropout, seed, the gate,
+    the sliding window, the output shape, regularizers and constraints are carried over.
 
     Raises:
-        ValueError: for an option whose effect the result would not reproduce (attention
-            over axes other than the sequence, `use_gate`, `sliding_window`, an output shape
-            of more than one axis, regularizers and constraints).
+        ValueError: for an option whose effect the result would not reproduce (attention over
+            axes other than the sequence).
     """
-    if not isinstance(layer, keras.layers.MultiHeadAttention) or not layer.built:
+    grouped = isinstance(layer, keras.layers.GroupQueryAttention)
+    if not (grouped or isinstance(layer, keras.layers.MultiHeadAttention)) or not layer.built:
         raise ValueError(
-            "Argument `layer` must be a built keras.layers.MultiHeadAttention. "
-            f"Received: layer={layer!r}"
+            "Argument `layer` must be a built keras.layers.MultiHeadAttention or "
+            f"GroupQueryAttention. Received: layer={layer!r}"
         )
-    if _input_rank(layer._query_dense) != 3 or tuple(layer._attention_axes or (1,)) != (1,):
+    if not grouped and (_input_rank(layer._query_dense) != 3
+                        or tuple(layer._attention_axes or (1,)) != (1,)):
         _refuse("attention_axes", layer._attention_axes,
                 "it attends over the sequence axis of (batch, length, dim) inputs only")
-    if getattr(layer, "_use_gate", False):
-        _refuse("use_gate", True, "it has no gate projection")
-    if getattr(layer, "_sliding_window", None) is not None:
-        _refuse("sliding_window", layer._sliding_window, "use LocalMultiHead(window=w - 1)")
-    output_shape = layer._output_shape
-    if output_shape is not None and len(tuple(output_shape)) != 1:
-        _refuse("output_shape", output_shape, "its output has one feature axis")
+    options = {}
     for option in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
                    "kernel_constraint", "bias_constraint"):
-        if getattr(layer, f"_{option}", None) is not None:
-            _refuse(option, getattr(layer, f"_{option}"), "it has no such option")
-    q_kernel = layer._query_dense.kernel
-    out_kernel = layer._output_dense.kernel  # (H, dv, out)
+        value = getattr(layer, f"_{option}", getattr(layer, option, None))
+        if value is not None:
+            options[option] = value
+    out_kernel = layer._output_dense.kernel  # (H, dv, *output_shape)
+    if grouped:
+        heads = {"num_heads": layer.num_query_heads, "key_dim": layer.head_dim,
+                 "num_key_value_heads": layer.num_key_value_heads}
+        use_gate, sliding_window = layer.use_gate, layer.sliding_window
+    else:
+        heads = {"num_heads": layer.num_heads, "key_dim": layer.key_dim,
+                 "value_dim": layer.value_dim}
+        use_gate, sliding_window = layer._use_gate, layer._sliding_window
     mha = cls(
-        num_heads=layer.num_heads,
-        key_dim=layer.key_dim,
-        value_dim=layer.value_dim,
-        output_dim=out_kernel.shape[-1],
+        **heads,
+        output_shape=tuple(out_kernel.shape[2:]),
         dropout=layer.dropout,
         use_bias=layer.use_bias,
         seed=layer.seed,
+        use_gate=use_gate,
+        sliding_window=sliding_window,
+        **options,
         **kwargs,
     )
     mha.build(
-        (None, None, q_kernel.shape[0]),
+        (None, None, layer._query_dense.kernel.shape[0]),
         (None, None, layer._key_dense.kernel.shape[0]),
         (None, None, layer._value_dense.kernel.shape[0]),
     )
-    for ours, theirs in (
-        (mha.query_dense, layer._query_dense),
-        (mha.key_dense, layer._key_dense),
-        (mha.value_dense, layer._value_dense),
-        (mha.output_dense, layer._output_dense),
-    ):
+    pairs = [(mha.query_dense, layer._query_dense), (mha.key_dense, layer._key_dense),
+             (mha.value_dense, layer._value_dense), (mha.output_dense, layer._output_dense)]
+    if use_gate:
+        pairs.append((mha.gate_dense, layer._gate_dense))
+    for ours, theirs in pairs:
         weights = [keras.ops.convert_to_numpy(w) for w in theirs.weights]
         ours.set_weights([np.reshape(w, ours_w.shape) for w, ours_w in
                           zip(weights, ours.weights)])

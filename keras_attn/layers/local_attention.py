@@ -79,11 +79,12 @@ class LocalMultiHead(MultiHead):
         chunk_size: int | None = None,
         **kwargs,
     ):
-        for option in ("add_bias_kv", "add_zero_attn"):
-            if kwargs.pop(option, False):
+        for option in ("add_bias_kv", "add_zero_attn", "sliding_window"):
+            if kwargs.pop(option, None):
                 raise ValueError(
-                    f"Argument `{option}` is not supported by LocalMultiHead: an appended key "
-                    f"has no position in the window. Received: {option}=True"
+                    f"Argument `{option}` is not supported by LocalMultiHead (an appended key "
+                    "has no position in the window; the window is `window`). Received: "
+                    f"{option}=True"
                 )
         super().__init__(
             num_heads=num_heads,
@@ -107,19 +108,9 @@ class LocalMultiHead(MultiHead):
     def _window(self) -> dict:
         return {"window": self.window, "num_global": self.num_global}
 
-    def _implementation(self, mask, return_attention_scores, cache, attention_bias) -> str:
-        if self.implementation != "local":
-            return self.implementation
-        needs_scores = (
-            return_attention_scores or cache is not None or attention_bias is not None
-            or mask.dense is not None
-            or (mask.key_lens is not None and len(mask.key_lens.shape) == 2)
-        )
-        return "dense" if needs_scores else "local"
-
     def get_config(self):
         config = super().get_config()
-        for name in ("add_bias_kv", "add_zero_attn"):  # always False here
+        for name in ("add_bias_kv", "add_zero_attn", "sliding_window"):  # never set here
             config.pop(name)
         config.update({"window": self.window, "num_global": self.num_global})
         return config

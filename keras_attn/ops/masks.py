@@ -318,8 +318,14 @@ class AttentionMask:
 
     @property
     def rank(self) -> int:
-        """The rank of `block()` without an explicit rank: 4 with a per-head dense mask."""
-        return 4 if self.dense is not None and len(self.dense.shape) == 4 else 3
+        """The rank of `block()` without an explicit rank: 3, or a per-head dense mask's."""
+        return 3 if self.dense is None else max(3, len(self.dense.shape))
+
+    def with_dense(self, dense) -> AttentionMask:
+        """The same mask with its dense part replaced (e.g. its head axis regrouped)."""
+        return AttentionMask(self.query_len, self.key_len, self.batch_size, self.key_lens,
+                             self.causal, self.offset, self.window, self.num_global, dense,
+                             self.query_valid, self.key_valid, self.true_key_len)
 
     def block(self, row_start=0, rows=None, col_start=0, cols=None, rank: int | None = None):
         """The boolean mask of a tile of queries × keys, or None when nothing is hidden in it.

@@ -348,8 +348,8 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
     extras = ()
     if bias is not None:
         extras = (_pad(_pad(ops.convert_to_tensor(bias), -1, key_pad), -2, query_pad),)
-    if position is not None:
-        extras += tuple(position.params)
+    if position is not None:  # variables read once, as inputs of the custom gradient
+        extras += tuple(ops.copy(param) for param in position.params)
     blocks = _Blocks(rank, mask, bias is not None, position, offset, lead_shape(q, k), chunk,
                      num_key_blocks, q_chunk, num_query_blocks)
     outputs = _attention_fn(blocks)(q, k, v, *extras)  # (..., T_pad, dv)

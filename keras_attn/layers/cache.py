@@ -1,0 +1,97 @@
+"""The static key/value cache of multi-head attention, for decoding one token at a time.
+
+A cache is a pair `(key_cache, value_cache)` of `(B, H_kv, S_max, ·)` tensors preallocated to the
+longest sequence: each call writes its projected keys and values at `cache_update_index` (a
+slice update, static shape) and attends over the whole cache, so one step at a time equals the
+whole sequence at once.
+"""
+
+from __future__ import annotations
+
+from keras import ops
+
+from keras_attn._checks import check_positive_int, concrete_value
+from keras_attn.tuning import xla_dense
+
+
+class KeyValueCache:
+    """The cache methods of `MultiHead` (which has `key_dense`, `value_dense`, `split_heads`,
+    `num_key_value_heads`, `key_dim`, `value_dim`)."""
+
+    def compute_cache(self, key, value=None, key_mask=None):
+        """Project fixed keys/values once, e.g. the encoder outputs for cross-attention.
+
+        Args:
+            key: `(B, S, dk)`.
+            value: `(B, S, dv)`. Defaults to `key`.
+            key_mask: optional boolean `(B, S)`, False at padded keys: those positions are
+                zeroed before projecting, so a non-finite number there cannot reach the
+                outputs of later calls (which trust the cache and do not check it again).
+                Defaults to the implicit mask of `key`.
+
+        Returns:
+            `(key_cache, value_cache)` of shapes `(B, H, S, key_dim)`, `(B, H, S, value_dim)`.
+        """
+        value = key if value is None else value
+        key_mask = getattr(key, "_keras_mask", None) if key_mask is None else key_mask
+        if key_mask is not None:
+            keep = ops.expand_dims(ops.cast(key_mask, "bool"), -1)  # (B, S, 1)
+            key = ops.where(keep, key, ops.zeros_like(key))
+            value = ops.where(keep, value, ops.zeros_like(value))
+        heads = self.num_key_value_heads
+        return (self.split_heads(xla_dense(self.key_dense, key), heads),
+                self.split_heads(xla_dense(self.value_dense, value), heads))
+
+    def init_cache(self, batch_size, max_length: int, dtype=None):
+        """An all-zero self-attention cache of static length `max_length`."""
+        check_positive_int("max_length", max_length)
+        dtype = dtype or self.compute_dtype
+        heads = self.num_key_value_heads
+        return (
+            ops.zeros((batch_size, heads, max_length, self.key_dim), dtype),
+            ops.zeros((batch_size, heads, max_length, self.value_dim), dtype),
+        )
+
+    def _check_cache(self, cache, query, key, cache_update_index):
+        """The cache is a pair of `(B, H, S_max, ·)` tensors matching the query's batch, and
+        the update index fits it."""
+        if not isinstance(cache, (tuple, list)) or len(cache) != 2:
+            raise ValueError(
+                "Argument `cache` must be a pair (key_cache, value_cache). "
+                f"Received: cache={type(cache).__name__}"
+            )
+        key_cache, value_cache = cache
+        for name, tensor, depth in (("key_cache", key_cache, self.key_dim),
+                                    ("value_cache", value_cache, self.value_dim)):
+            heads = self.num_key_value_heads
+            expected = (query.shape[0], heads, key_cache.shape[2], depth)
+            shape = tuple(tensor.shape)
+            if len(shape) != 4 or any(None not in (got, want) and got != want
+                                      for got, want in zip(shape, expected)):
+                raise ValueError(
+                    f"Argument `cache` must hold {name} of shape (batch_size={query.shape[0]}, "
+                    f"num_heads={heads}, max_length, {depth}) for this query. Received: "
+                    f"{name}.shape={shape}"
+                )
+        if cache_update_index is None:
+            if key is not None:
+                raise ValueError(
+                    "Arguments `key` and `value` must be None when `cache` is used as the keys "
+                    "and values (cache_update_index=None). Received: key.shape="
+                    f"{tuple(key.shape)}"
+                )
+            return
+        index = concrete_value(cache_update_index)
+        length, max_length = query.shape[1], key_cache.shape[2]
+        if index is not None and index.ndim != 0:
+            raise ValueError(
+                "Argument `cache_update_index` must be a scalar. Received: "
+                f"cache_update_index.shape={index.shape}"
+            )
+        if index is not None and None not in (length, max_length) and not (
+                0 <= int(index) <= max_length - length):
+            raise ValueError(
+                f"Argument `cache_update_index` must place the {length} new keys inside the cache "
+                f"of length {max_length}, in [0, {max_length - length}]. Received: "
+                f"cache_update_index={int(index)}"
+            )
