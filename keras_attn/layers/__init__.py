@@ -4,6 +4,10 @@ from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.additive_attention import AdditiveAttention
 from keras_attn.layers.bahdanau import BahdanauCell, BahdanauDecoder, BahdanauEncoder
 from keras_attn.layers.base import BaseAttention
+from keras_attn.layers.decoder_only import (
+    TransformerDecoderOnly,
+    TransformerDecoderOnlyBlock,
+)
 from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.ffn import FFN
 from keras_attn.layers.linear_attention import LinearAttention
@@ -64,6 +68,8 @@ __all__ = [
     "TokenAndPositionEmbedding",
     "TransformerDecoder",
     "TransformerDecoderBlock",
+    "TransformerDecoderOnly",
+    "TransformerDecoderOnlyBlock",
     "TransformerEncoder",
     "TransformerEncoderBlock",
     "WindowAttention",

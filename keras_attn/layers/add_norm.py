@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn._checks import check_number, check_rate
+from keras_attn._checks import check_number, check_one_of, check_rate
 from keras_attn.layers.dropout import Dropout
+
+NORMS = ("layer", "rms")
+
+
+def make_norm(norm: str, epsilon: float, name: str, dtype):
+    """`keras.layers.LayerNormalization` (`"layer"`) or `keras.layers.RMSNormalization`
+    (`"rms"`) over the last axis."""
+    check_one_of("norm", norm, NORMS)
+    if norm == "rms":
+        return keras.layers.RMSNormalization(epsilon=epsilon, name=name, dtype=dtype)
+    return keras.layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class AddNorm(keras.layers.Layer):
-    """Residual add and layer norm: LayerNorm(X + Dropout(Y)).
+    """Residual add and normalization: Norm(X + Dropout(Y)).
 
     Args:
         dropout: float in [0, 1), dropout on the sublayer output `Y`. Defaults to `0.0`.
-        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+        epsilon: float, the norm's epsilon. Defaults to `1e-5`.
         seed: optional int seed for the dropout. Defaults to `None`.
+        norm: `"layer"` (`keras.layers.LayerNormalization`) or `"rms"`
+            (`keras.layers.RMSNormalization`). Defaults to `"layer"`.
 
     Call arguments:
         inputs: `X`, the residual branch, `(B, T, d)`.
@@ -31,7 +44,7 @@ class AddNorm(keras.layers.Layer):
     """
 
     def __init__(self, dropout: float = 0.0, epsilon: float = 1e-5, seed: int | None = None,
-                 **kwargs):
+                 norm: str = "layer", **kwargs):
         super().__init__(**kwargs)
         check_rate("dropout", dropout)
         check_number("epsilon", epsilon, 0, strict=True)
@@ -40,8 +53,8 @@ class AddNorm(keras.layers.Layer):
         self.seed = seed
         self.supports_masking = True
         self.dropout_layer = Dropout(dropout, seed=seed, name="dropout", dtype=self.dtype_policy)
-        self.layer_norm = keras.layers.LayerNormalization(epsilon=epsilon, name="layer_norm",
-                                                          dtype=self.dtype_policy)
+        self.norm = norm
+        self.layer_norm = make_norm(norm, epsilon, "layer_norm", self.dtype_policy)
 
     def build(self, inputs_shape, sublayer_output_shape=None):
         if sublayer_output_shape is not None and tuple(inputs_shape[1:]) != tuple(
@@ -62,5 +75,6 @@ class AddNorm(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"dropout": self.dropout, "epsilon": self.epsilon, "seed": self.seed})
+        config.update({"dropout": self.dropout, "epsilon": self.epsilon, "seed": self.seed,
+                       "norm": self.norm})
         return config

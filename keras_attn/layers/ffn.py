@@ -1,26 +1,36 @@
-"""Position-wise feed-forward network."""
+"""Position-wise feed-forward networks: plain, or gated (SwiGLU, GEGLU)."""
 
 from __future__ import annotations
 
 import keras
 
+from keras_attn._checks import check_bool
 from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.dropout import Dropout
+
+# The gated activations by name (Shazeer, 2020): the gate's activation.
+GATED = {"swiglu": "silu", "geglu": "gelu"}
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class FFN(keras.layers.Layer):
-    """Position-wise feed-forward network: dense → activation → dropout → dense.
+    """Position-wise feed-forward network: `act(x W₁) W₂`, or gated: `(act(x W_g) ⊙ x W₁) W₂`.
 
-    The same two-layer MLP is applied to every position independently.
+    The same MLP is applied to every position independently, with dropout on the hidden layer.
+    The gated form (Shazeer, 2020) is SwiGLU with `activation="swiglu"` (Swish/SiLU gate) and
+    GEGLU with `"geglu"` (GELU gate), or any activation with `gated=True`.
 
     Args:
         hidden_dim: int, size of the hidden layer.
         output_dim: int, size of the output. Defaults to the input's last dimension.
-        activation: activation of the hidden layer. Defaults to `"relu"`.
+        activation: activation of the hidden layer (of the gate when gated), or `"swiglu"` /
+            `"geglu"` (gated SiLU / GELU). Defaults to `"relu"`.
         dropout: float in [0, 1), dropout on the hidden activations. Defaults to `0.0`.
-        kernel_initializer: initializer of both kernels. Defaults to `"glorot_uniform"`.
+        kernel_initializer: initializer of the kernels. Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropout. Defaults to `None`.
+        gated: bool, the gated form (`gate_dense`, `hidden_dense`, `output_dense`).
+            Defaults to `False` (`True` with `"swiglu"` / `"geglu"`).
+        use_bias: bool, whether the dense layers have biases. Defaults to `True`.
 
     Call arguments:
         inputs: `(B, T, d)`.
@@ -31,6 +41,10 @@ class FFN(keras.layers.Layer):
 
     Example:
     >>> FFN(hidden_dim=4, output_dim=8)(keras.ops.ones((2, 3, 4))).shape  # (2, 3, 8)
+    >>> FFN(hidden_dim=16, activation="swiglu")(keras.ops.ones((2, 3, 4))).shape  # (2, 3, 4)
+
+    References:
+        Shazeer, 2020, "GLU Variants Improve Transformer", https://arxiv.org/abs/2002.05202
     """
 
     def __init__(
@@ -41,19 +55,27 @@ class FFN(keras.layers.Layer):
         dropout: float = 0.0,
         kernel_initializer="glorot_uniform",
         seed: int | None = None,
+        gated: bool = False,
+        use_bias: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
         check_positive_int("hidden_dim", hidden_dim)
         check_positive_int("output_dim", output_dim, allow_none=True)
         check_rate("dropout", dropout)
+        check_bool("gated", gated)
+        check_bool("use_bias", use_bias)
+        if activation in GATED:
+            activation, gated = GATED[activation], True
         try:
             self.activation = keras.activations.get(activation)
         except ValueError as error:
             raise ValueError(
-                f"Received an invalid value for argument `activation`. "
-                f"Received: activation={activation!r}"
+                f"Received an invalid value for argument `activation`, expected a Keras "
+                f"activation, \"swiglu\" or \"geglu\". Received: activation={activation!r}"
             ) from error
+        self.gated = gated
+        self.use_bias = use_bias
         self.hidden_dim = hidden_dim
         self.output_dim = output_dim
         self.dropout = dropout
@@ -68,24 +90,25 @@ class FFN(keras.layers.Layer):
                 "Argument `inputs` must have a known last dimension. "
                 f"Received: inputs.shape={tuple(input_shape)}"
             )
+        dense = {"kernel_initializer": self.kernel_initializer, "use_bias": self.use_bias,
+                 "dtype": self.dtype_policy}
+        if self.gated:
+            self.gate_dense = keras.layers.Dense(self.hidden_dim, activation=self.activation,
+                                                 name="gate_dense", **dense)
+            self.gate_dense.build(input_shape)
         self.hidden_dense = keras.layers.Dense(
-            self.hidden_dim,
-            activation=self.activation,
-            kernel_initializer=self.kernel_initializer,
-            name="hidden_dense",
-            dtype=self.dtype_policy,
-        )
-        self.output_dense = keras.layers.Dense(
-            self.output_dim or input_shape[-1],
-            kernel_initializer=self.kernel_initializer,
-            name="output_dense",
-            dtype=self.dtype_policy,
-        )
+            self.hidden_dim, activation=None if self.gated else self.activation,
+            name="hidden_dense", **dense)
+        self.output_dense = keras.layers.Dense(self.output_dim or input_shape[-1],
+                                               name="output_dense", **dense)
         self.hidden_dense.build(input_shape)
         self.output_dense.build(tuple(input_shape[:-1]) + (self.hidden_dim,))
 
     def call(self, inputs, training=None):
-        hidden = self.dropout_layer(self.hidden_dense(inputs), training=training)  # (B, T, h)
+        hidden = self.hidden_dense(inputs)  # (B, T, h)
+        if self.gated:
+            hidden = self.gate_dense(inputs) * hidden  # act(x W_g) ⊙ x W₁
+        hidden = self.dropout_layer(hidden, training=training)
         return self.output_dense(hidden)  # (B, T, output_dim)
 
     def compute_output_shape(self, input_shape):
@@ -101,6 +124,8 @@ class FFN(keras.layers.Layer):
                 "dropout": self.dropout,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "seed": self.seed,
+                "gated": self.gated,
+                "use_bias": self.use_bias,
             }
         )
         return config

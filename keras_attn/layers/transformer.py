@@ -21,6 +21,7 @@ from keras_attn.layers.transformer_blocks import (
     TransformerEncoderBlock,
     _get_activation,
     _head_dim,
+    serialize_activation,
 )
 from keras_attn.tokens import PAD_ID
 
@@ -126,7 +127,7 @@ class _TransformerStack(keras.layers.Layer):
                 "ffn_dim": self.ffn_dim,
                 "dropout": self.dropout,
                 "norm_first": self.norm_first,
-                "activation": keras.activations.serialize(self.activation),
+                "activation": serialize_activation(self.activation),
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "seed": self.seed,
                 "attention_window": self.attention_window,

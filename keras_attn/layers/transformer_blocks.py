@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn._checks import check_bool, check_number
-from keras_attn.layers.add_norm import AddNorm
+from keras_attn._checks import check_bool, check_number, check_one_of
+from keras_attn.layers.add_norm import NORMS, AddNorm, make_norm
 from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.dropout import Dropout
-from keras_attn.layers.ffn import FFN
+from keras_attn.layers.ffn import FFN, GATED
 from keras_attn.layers.local_attention import LocalMultiHead
 from keras_attn.layers.multi_head import MultiHead
+from keras_attn.layers.position_bias import RelativePositionBias
 
 
 def _get_activation(activation):
+    """A Keras activation, or the name of a gated one (`"swiglu"`, `"geglu"`) as it is."""
+    if isinstance(activation, str) and activation in GATED:
+        return activation
     try:
         return keras.activations.get(activation)
     except ValueError as error:
@@ -26,6 +30,11 @@ def _get_activation(activation):
             "Received an invalid value for argument `activation`. "
             f"Received: activation={activation!r}"
         ) from error
+
+
+def serialize_activation(activation):
+    """The config form of what `_get_activation` returns."""
+    return activation if isinstance(activation, str) else keras.activations.serialize(activation)
 
 
 def _head_dim(embed_dim: int, num_heads: int) -> int:
@@ -60,11 +69,27 @@ class _TransformerBlock(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         seed: int | None = None,
         attention_window: int | None = None,
+        norm: str = "layer",
+        num_key_value_heads: int | None = None,
+        position_encoding: str | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
         check_positive_int("ffn_dim", ffn_dim)
+        check_one_of("norm", norm, NORMS)
+        check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+            raise ValueError(
+                "Received an invalid value for argument `num_key_value_heads`, expected a "
+                f"divisor of num_heads={num_heads}. Received: "
+                f"num_key_value_heads={num_key_value_heads}"
+            )
+        check_one_of("position_encoding", position_encoding, (None, "rope", "alibi",
+                                                              "relative"))
+        self.norm = norm
+        self.num_key_value_heads = num_key_value_heads
+        self.position_encoding = position_encoding
         check_positive_int("attention_window", attention_window, allow_none=True)
         self.attention_window = attention_window
         check_rate("dropout", dropout)
@@ -80,8 +105,10 @@ class _TransformerBlock(keras.layers.Layer):
         self.seed = seed
         self.supports_masking = True
 
-    def _attention(self, embed_dim: int, name: str, window: int | None = None) -> MultiHead:
-        """Full multi-head attention, or sliding-window attention over `window` neighbours."""
+    def _attention(self, embed_dim: int, name: str, window: int | None = None,
+                   causal: bool | None = None) -> MultiHead:
+        """Full multi-head attention, or sliding-window attention over `window` neighbours;
+        self-attention (`causal` True or False) gets the block's position encoding."""
         kwargs = {
             "num_heads": self.num_heads,
             "key_dim": _head_dim(embed_dim, self.num_heads),
@@ -89,9 +116,15 @@ class _TransformerBlock(keras.layers.Layer):
             "dropout": self.dropout,
             "kernel_initializer": self.kernel_initializer,
             "seed": self.seed,
+            "num_key_value_heads": self.num_key_value_heads,
             "name": name,
             "dtype": self.dtype_policy,
         }
+        if causal is not None and self.position_encoding is not None:
+            kwargs["position_encoding"] = self.position_encoding
+            if self.position_encoding == "relative":  # a causal query sees no later key
+                kwargs["position_encoding"] = RelativePositionBias(
+                    bidirectional=not causal, name="position_encoding", dtype=self.dtype_policy)
         if window is not None:
             return LocalMultiHead(window=window, **kwargs)
         return MultiHead(**kwargs)
@@ -114,15 +147,14 @@ class _TransformerBlock(keras.layers.Layer):
         """Post-LN: an `AddNorm` applied after the sublayer. Pre-LN: a `LayerNormalization`
         applied before it (the residual add then uses `residual_dropout`)."""
         if self.norm_first:
-            norm = keras.layers.LayerNormalization(
-                epsilon=self.epsilon, name=f"{name}_norm", dtype=self.dtype_policy
-            )
+            norm = make_norm(self.norm, self.epsilon, f"{name}_norm", self.dtype_policy)
             norm.build(input_shape)
         else:
             norm = AddNorm(
                 dropout=self.dropout,
                 epsilon=self.epsilon,
                 seed=self.seed,
+                norm=self.norm,
                 name=f"{name}_add_norm",
                 dtype=self.dtype_policy,
             )
@@ -157,11 +189,14 @@ class _TransformerBlock(keras.layers.Layer):
                 "ffn_dim": self.ffn_dim,
                 "dropout": self.dropout,
                 "norm_first": self.norm_first,
-                "activation": keras.activations.serialize(self.activation),
+                "activation": serialize_activation(self.activation),
                 "epsilon": self.epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "seed": self.seed,
                 "attention_window": self.attention_window,
+                "norm": self.norm,
+                "num_key_value_heads": self.num_key_value_heads,
+                "position_encoding": self.position_encoding,
             }
         )
         return config
@@ -182,10 +217,17 @@ class TransformerEncoderBlock(_TransformerBlock):
         dropout: float in [0, 1), dropout on the attention weights, the FFN hidden layer and
             each residual branch. Defaults to `0.0`.
         norm_first: bool, pre-LN instead of post-LN. Defaults to `False`.
-        activation: activation of the FFN hidden layer. Defaults to `"relu"`.
-        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+        activation: activation of the FFN hidden layer, or `"swiglu"` / `"geglu"` (a gated
+            FFN). Defaults to `"relu"`.
+        epsilon: float, the norms' epsilon. Defaults to `1e-5`.
         kernel_initializer: initializer of every dense kernel. Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropouts. Defaults to `None`.
+        norm: `"layer"` or `"rms"` (`keras.layers.RMSNormalization`). Defaults to `"layer"`.
+        num_key_value_heads: optional int, grouped-query self-attention (see `MultiHead`).
+            Defaults to `None`.
+        position_encoding: optional `"rope"`, `"alibi"` or `"relative"` for the
+            self-attention (see `MultiHead`; T5 buckets are one-directional when causal).
+            Defaults to `None`.
         attention_window: optional int: self-attention sees only keys within this distance
             (sliding-window `LocalMultiHead`, O(S·window) instead of O(S²)). Defaults to
             `None` (full attention).
@@ -215,7 +257,7 @@ class TransformerEncoderBlock(_TransformerBlock):
         _check_embedded_shape("inputs", inputs_shape)
         embed_dim = inputs_shape[-1]
         self.self_attention = self._attention(embed_dim, "self_attention",
-                                              self.attention_window)
+                                              self.attention_window, causal=False)
         self.self_attention.build(inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
         self.ffn = self._ffn(embed_dim, inputs_shape)
@@ -257,10 +299,17 @@ class TransformerDecoderBlock(_TransformerBlock):
         dropout: float in [0, 1), dropout on the attention weights, the FFN hidden layer and
             each residual branch. Defaults to `0.0`.
         norm_first: bool, pre-LN instead of post-LN. Defaults to `False`.
-        activation: activation of the FFN hidden layer. Defaults to `"relu"`.
-        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+        activation: activation of the FFN hidden layer, or `"swiglu"` / `"geglu"` (a gated
+            FFN). Defaults to `"relu"`.
+        epsilon: float, the norms' epsilon. Defaults to `1e-5`.
         kernel_initializer: initializer of every dense kernel. Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropouts. Defaults to `None`.
+        norm: `"layer"` or `"rms"` (`keras.layers.RMSNormalization`). Defaults to `"layer"`.
+        num_key_value_heads: optional int, grouped-query self-attention (see `MultiHead`).
+            Defaults to `None`.
+        position_encoding: optional `"rope"`, `"alibi"` or `"relative"` for the
+            self-attention (see `MultiHead`; T5 buckets are one-directional when causal).
+            Defaults to `None`.
         attention_window: optional int: causal self-attention sees only the last
             `attention_window` positions (sliding-window `LocalMultiHead`); cross-attention
             stays full. Defaults to `None` (full attention).
@@ -300,7 +349,7 @@ class TransformerDecoderBlock(_TransformerBlock):
         _check_embedded_shape("encoder_outputs", encoder_outputs_shape)
         embed_dim = inputs_shape[-1]
         self.self_attention = self._attention(embed_dim, "self_attention",
-                                              self.attention_window)
+                                              self.attention_window, causal=True)
         self.self_attention.build(inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
         self.cross_attention = self._attention(embed_dim, "cross_attention")

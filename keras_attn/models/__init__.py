@@ -1,13 +1,16 @@
-"""Functional-API model builders: `keras.Model([source_ids, target_in_ids], logits)`.
+"""Functional-API model builders.
 
-Every seq2seq builder returns a model with layers named "encoder" and "decoder" that follows
-the decoding contract of `keras_attn.decoding`.
+Every seq2seq builder returns `keras.Model([source_ids, target_in_ids], logits)` with layers
+named "encoder" and "decoder" that follow the decoding contract of `keras_attn.decoding`;
+`causal_lm` returns `keras.Model(token_ids, logits)` with a "decoder" that `generate` decodes.
 """
 
 from keras_attn.models.bahdanau import bahdanau_seq2seq
+from keras_attn.models.causal_lm import causal_lm
 from keras_attn.models.transformer import transformer_seq2seq
 
 __all__ = [
     "bahdanau_seq2seq",
+    "causal_lm",
     "transformer_seq2seq",
 ]
