@@ -54,7 +54,8 @@ def length_penalty(lengths, alpha):
 
 
 def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, choose,
-               return_attention: bool = False, alpha=0.0, return_scores: bool = True):
+               return_attention: bool = False, alpha=0.0, return_scores: bool = True,
+               limits=None):
     """Greedy search or sampling: at each step `choose(logits, index)` picks the next token.
 
     Args:
@@ -68,6 +69,9 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, 
         return_attention: bool, also return every step's attention `(B, L - 1, ...)`.
         alpha: length-penalty exponent of the returned scores.
         return_scores: bool, compute the scores (a log-softmax per step). Defaults to `True`.
+        limits: optional int32 `(B,)`: row `b` ends (padding after) at position `limits[b]`,
+            e.g. its prompt length plus a number of new tokens. Defaults to `None` (the
+            buffer's end).
 
     Returns:
         `(tokens, scores, attention)`: the filled `(B, L)` buffer; float32 `(B,)` log-probability
@@ -82,6 +86,9 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, 
         logits = ops.cast(logits, "float32")  # (B, V)
         chosen = choose(_masked_logits(logits, never_emitted), index)  # (B,)
         forced = index + 1 < prompt_lengths  # (B,): still inside the prompt
+        if limits is not None:  # past its limit a row is done
+            finished = ops.logical_or(finished, ops.logical_and(
+                ops.logical_not(forced), index + 1 >= limits))
         token = ops.where(forced, column(tokens, index + 1),
                           ops.where(finished, PAD_ID, chosen))
         live = ops.logical_not(ops.logical_or(forced, finished))
