@@ -1,0 +1,112 @@
+"""SavedModel export of a causal language model: prompt strings in, generated text out, with the
+sampling settings as inputs, served by TensorFlow alone.
+
+The exported graph holds tokenization (characters or whitespace-separated words, looked up in
+the vocabulary), `<bos>`, the compiled generation loop over the static cache
+(`keras_attn.decoding.generate`) and detokenization. A consumer needs neither keras_attn nor
+Keras:
+
+    generator = tf.saved_model.load("runs/char_lm/saved_model")
+    generator.signatures["generate"](
+        prompt=tf.constant(["the time "]), max_new_tokens=tf.constant(40),
+        temperature=tf.constant(0.8), top_k=tf.constant(0), top_p=tf.constant(0.9),
+        seed=tf.constant(7))["text"]
+
+Signature `generate`: `prompt` tf.string `[None]`, `max_new_tokens` int32 `[]`, `temperature`
+float32 `[]` (0 = greedy), `top_k` int32 `[]` (0 = all tokens), `top_p` float32 `[]` (1 = all),
+`seed` int32 `[]` → `text` tf.string `[None]` (the continuation, up to `<eos>`), `truncated`
+bool `[None]` (the prompt was longer than the context and only its end was kept).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from keras_attn import decoding
+from keras_attn._checks import check_int, check_one_of
+from keras_attn.tokens import BOS_ID, FIRST_WORD_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
+
+SPLITS = ("chars", "whitespace")
+
+
+def make_generate_fn(model, vocabulary: list[str], max_length: int, split: str = "chars",
+                     lowercase: bool = False):
+    """The graph function of the `generate` signature (arguments of `export_generator`)."""
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(list(vocabulary)),
+                                            tf.range(len(vocabulary), dtype=tf.int32)),
+        default_value=UNK_ID)
+    words = tf.constant(list(vocabulary))
+    joiner = "" if split == "chars" else " "
+    context = max_length - 1  # prompt tokens (with <bos>) that fit before one new token
+
+    def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed):
+        text = tf.strings.lower(prompt, encoding="utf-8") if lowercase else prompt
+        pieces = (tf.strings.unicode_split(text, "UTF-8") if split == "chars"
+                  else tf.strings.split(text))  # ragged (B, None) strings
+        ids = table.lookup(pieces)  # ragged int32
+        truncated = ids.row_lengths() > context - 1
+        ids = ids[:, -(context - 1):]  # the end of a long prompt
+        bos = tf.fill([tf.shape(prompt)[0], 1], tf.constant(BOS_ID, tf.int32))
+        prompt_ids = tf.concat([bos, ids.to_tensor(default_value=PAD_ID)], axis=1)  # (B, P)
+        lengths = tf.reduce_sum(tf.cast(prompt_ids != PAD_ID, tf.int32), axis=1)  # (B,)
+        tokens = decoding.generate(
+            model, prompt_ids, max_length, max_new_tokens=max_new_tokens, strategy="sample",
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)  # (B, L)
+        positions = tf.range(max_length)[None, :]
+        new = tf.logical_and(positions >= lengths[:, None], tokens >= FIRST_WORD_ID)
+        new = tf.logical_or(new, tf.logical_and(positions >= lengths[:, None],
+                                                tokens == UNK_ID))
+        pieces = tf.ragged.boolean_mask(tf.gather(words, tokens), new)
+        return {"text": tf.strings.reduce_join(pieces, axis=-1, separator=joiner),
+                "truncated": truncated}
+
+    generate.table = table  # a resource the SavedModel must track
+    return generate
+
+
+def export_generator(model, vocabulary: list[str], path: str, max_length: int,
+                     split: str = "chars", lowercase: bool = False) -> str:
+    """Write a SavedModel with a raw-string `generate` signature (module docstring).
+
+    Args:
+        model: a causal LM from `keras_attn.models.causal_lm` (a layer named "decoder").
+        vocabulary: list of str, token `i` at index `i`, the reserved tokens first (`""`,
+            `"[UNK]"`, `"<bos>"`, `"<eos>"`, as `keras_attn.tokens.RESERVED_TOKENS`).
+        path: str, the SavedModel directory to write.
+        max_length: int, positions of the cache: prompt (with `<bos>`) and generated tokens.
+        split: `"chars"` (a token per character) or `"whitespace"` (per word).
+            Defaults to `"chars"`.
+        lowercase: bool, lowercase the prompt first (as the training text was).
+            Defaults to `False`.
+
+    Returns:
+        `path`.
+    """
+    check_int("max_length", max_length, 3)
+    check_one_of("split", split, SPLITS)
+    vocabulary = list(vocabulary)
+    if tuple(vocabulary[:len(RESERVED_TOKENS)]) != RESERVED_TOKENS:
+        raise ValueError(
+            f"Argument `vocabulary` must start with the reserved tokens {RESERVED_TOKENS}. "
+            f"Received: vocabulary[:4]={vocabulary[:4]}"
+        )
+    generate = make_generate_fn(model, vocabulary, max_length, split, lowercase)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(generate.table)
+    archive.add_endpoint(
+        name="generate",
+        fn=generate,
+        input_signature=[
+            tf.TensorSpec([None], tf.string, name="prompt"),
+            tf.TensorSpec([], tf.int32, name="max_new_tokens"),
+            tf.TensorSpec([], tf.float32, name="temperature"),
+            tf.TensorSpec([], tf.int32, name="top_k"),
+            tf.TensorSpec([], tf.float32, name="top_p"),
+            tf.TensorSpec([], tf.int32, name="seed"),
+        ],
+    )
+    archive.write_out(path, verbose=False)
+    return path
