@@ -12,9 +12,9 @@ tf = pytest.importorskip("tensorflow")
 if keras.backend.backend() != "tensorflow":
     pytest.skip("SavedModel export is TensorFlow's", allow_module_level=True)
 
-import keras_attn as ka  # noqa: E402
-from keras_attn.export_generator import export_generator, make_generate_fn  # noqa: E402
-from keras_attn.tokens import RESERVED_TOKENS  # noqa: E402
+import keras_attn as ka
+from keras_attn.export_generator import export_generator, make_generate_fn
+from keras_attn.tokens import RESERVED_TOKENS
 
 VOCABULARY = list(RESERVED_TOKENS) + list(" abcdefghijklmnopqrstuvwxyz")
 

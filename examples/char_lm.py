@@ -1,0 +1,166 @@
+"""A character language model on H. G. Wells' The Time Machine, trained with `model.fit`.
+
+A small decoder-only Transformer (`keras_attn.models.causal_lm`: rotary positions, RMSNorm,
+SwiGLU, grouped-query attention) learns the next character of the book, as in d2l's language
+model chapter (letters and spaces, lowercased). The run prints the validation perplexity and
+samples at a few temperatures, and writes to `--out`: `metrics.json`, `history.png` (the loss),
+`attention.png` (the last layer's heads on a sample) and `saved_model/`, a SavedModel whose
+`generate` signature continues prompt strings with TensorFlow alone.
+
+    python examples/char_lm.py
+    python examples/char_lm.py --epochs 2 --out /tmp/char_lm
+    python examples/char_lm.py --data path/to/timemachine.txt --num-layers 4 --embed-dim 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
+                            "shared", "data", "timemachine.txt")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="example: python examples/char_lm.py --epochs 2 --out /tmp/char_lm")
+    parser.add_argument("--data", default=os.path.normpath(DEFAULT_DATA),
+                        help="the book as plain text (Project Gutenberg's, licence footer "
+                             "included, is fine)")
+    parser.add_argument("--out", default="runs/char_lm", help="directory for everything the "
+                        "run writes")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--steps-per-epoch", type=int, default=150)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seq-len", type=int, default=64, help="characters per example")
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--embed-dim", type=int, default=128)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--num-kv-heads", type=int, default=2,
+                        help="key/value heads (grouped-query attention)")
+    parser.add_argument("--ffn-dim", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier run's SavedModel in --out")
+    return parser.parse_args(argv)
+
+
+def read_book(path: str) -> str:
+    """The book as d2l reads it: letters only, lowercased, runs of anything else one space."""
+    if not os.path.isfile(path):
+        raise SystemExit(
+            f"No text at --data {path!r}. The example reads The Time Machine from the "
+            "project's shared data (../shared/data/timemachine.txt from the project root); pass "
+            "--data with any plain-text book.")
+    with open(path, encoding="utf-8-sig") as file:
+        text = file.read()
+    end = text.find("*** END OF")  # Project Gutenberg's licence footer
+    text = text[:end] if end >= 0 else text
+    return re.sub("[^a-z]+", " ", text.lower()).strip()
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import keras_attn as ka
+    from keras_attn.export_generator import export_generator
+    from keras_attn.tokens import BOS_ID, RESERVED_TOKENS
+    from keras_attn.viz import plot_history, show_heatmaps
+
+    export_dir = os.path.join(args.out, "saved_model")
+    if os.path.exists(export_dir) and not args.overwrite:
+        raise SystemExit(f"{export_dir} exists (an earlier run's); pass --overwrite or another "
+                         "--out.")
+    keras.utils.set_random_seed(args.seed)
+    text = read_book(args.data)
+    vocabulary = list(RESERVED_TOKENS) + sorted(set(text))
+    index = {c: i for i, c in enumerate(vocabulary)}
+    ids = np.array([index[c] for c in text], "int32")
+    split = int(0.9 * len(ids))
+    train_ids, val_ids = ids[:split], ids[split:]
+    print(f"{len(text):,} characters, {len(vocabulary) - 4} distinct; "
+          f"{len(train_ids):,} to train on, {len(val_ids):,} to validate")
+
+    length = args.seq_len
+
+    def windows(source, starts):
+        """`<bos>` and `length - 1` characters in, the next `length` characters out."""
+        inputs = np.stack([np.concatenate([[BOS_ID], source[s:s + length - 1]]) for s in starts])
+        targets = np.stack([source[s:s + length] for s in starts])
+        return inputs.astype("int32"), targets.astype("int32")
+
+    rng = np.random.default_rng(args.seed)
+    count = args.steps_per_epoch * args.batch_size
+    train = windows(train_ids, rng.integers(0, len(train_ids) - length, count * args.epochs))
+    val = windows(val_ids, np.arange(0, len(val_ids) - length, length))
+    train_ds = tf.data.Dataset.from_tensor_slices(train).batch(args.batch_size).prefetch(2)
+    val_ds = tf.data.Dataset.from_tensor_slices(val).batch(256)
+
+    model = ka.models.causal_lm(
+        len(vocabulary), num_layers=args.num_layers, embed_dim=args.embed_dim,
+        num_heads=args.num_heads, ffn_dim=args.ffn_dim, num_key_value_heads=args.num_kv_heads,
+        seed=args.seed)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        args.learning_rate, args.epochs * args.steps_per_epoch)
+    model.compile(optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.01),
+                  loss=ka.metrics.MaskedSequenceLoss())
+    start = time.perf_counter()
+    history = model.fit(train_ds, validation_data=val_ds, epochs=args.epochs,
+                        steps_per_epoch=args.steps_per_epoch, shuffle=False, verbose=2)
+    seconds = time.perf_counter() - start
+    val_loss = float(model.evaluate(val_ds, verbose=0))
+    perplexity = math.exp(val_loss)
+    print(f"validation perplexity {perplexity:.2f} (loss {val_loss:.3f} nats per character) "
+          f"after {seconds:.0f} s of training")
+
+    os.makedirs(args.out, exist_ok=True)
+    prompts = ["the time traveller ", "it was "]
+    prompt_ids = np.zeros((len(prompts), max(map(len, prompts)) + 1), "int32")
+    for row, prompt in enumerate(prompts):
+        prompt_ids[row, :len(prompt) + 1] = [BOS_ID] + [index[c] for c in prompt]
+    samples = {}
+    for temperature in (0.0, 0.6, 1.0):
+        tokens = keras.ops.convert_to_numpy(ka.decoding.generate(
+            model, prompt_ids, 128, max_new_tokens=80, strategy="sample",
+            temperature=temperature, top_p=0.95, seed=args.seed))
+        texts = ["".join(vocabulary[t] for t in row if t >= 4) for row in tokens]
+        samples[str(temperature)] = texts
+        print(f"\ntemperature {temperature}" + (" (greedy)" if temperature == 0 else ""))
+        for line in texts:
+            print(f"  {line}")
+
+    plot_history(history, os.path.join(args.out, "history.png"))
+    sample = np.array([[BOS_ID] + [index[c] for c in "the time traveller smiled"]], "int32")
+    _, weights = model.get_layer("decoder")(sample, return_attention_scores=True)
+    last = keras.ops.convert_to_numpy(weights)[0, -1]  # (H, T, T)
+    labels = ["<bos>"] + list("the time traveller smiled")
+    show_heatmaps(last[None], xlabel="keys (characters)", ylabel="queries",
+                  titles=[f"head {h + 1}" for h in range(last.shape[0])],
+                  path=os.path.join(args.out, "attention.png"), figsize=(4.5, 4.5),
+                  xticklabels=labels,
+                  yticklabels=labels)
+    export_generator(model, vocabulary, export_dir, max_length=128)
+    metrics = {"validation_perplexity": perplexity, "validation_loss": val_loss,
+               "train_loss": float(history.history["loss"][-1]),
+               "training_seconds": seconds, "samples": samples,
+               "parameters": int(model.count_params()), "saved_model": export_dir}
+    with open(os.path.join(args.out, "metrics.json"), "w") as file:
+        json.dump(metrics, file, indent=2)
+    print(f"\nwrote {args.out}/metrics.json, history.png, attention.png and saved_model/")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
