@@ -10,6 +10,10 @@ MultiHead / Keras of the medians, and the achieved GFLOP/s (matmul FLOPs of forw
     python benchmarks/attention_speed.py
     python benchmarks/attention_speed.py --shapes 32x128x256x8 --modes graph --rounds 41
     python benchmarks/attention_speed.py --dropout 0.1 --unfused --modes graph
+    python benchmarks/attention_speed.py --kv-heads 2 --modes graph
+
+`--kv-heads N` compares grouped-query attention instead: `keras.layers.GroupQueryAttention`
+(`num_key_value_heads=N`) against `MultiHead(num_key_value_heads=N)` with its weights.
 
 `--dropout RATE` builds both layers with dropout on the attention weights and runs them with
 `training=True`, as in training. `--unfused` also times MultiHead called with
@@ -41,19 +45,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="dropout on the attention weights, run with training=True")
     parser.add_argument("--unfused", action="store_true",
                         help="also time MultiHead with return_attention_scores=True")
+    parser.add_argument("--kv-heads", type=int, default=None,
+                        help="grouped-query attention: keras.layers.GroupQueryAttention with "
+                             "this many key/value heads against MultiHead")
     args = parser.parse_args(argv)
     if args.dropout > 0 and args.chunked:
         parser.error("--chunked does not support --dropout (the chunked path has no dropout)")
     return args
 
 
-def attention_flops(batch: int, length: int, dim: int, heads: int) -> float:
+def attention_flops(batch: int, length: int, dim: int, heads: int,
+                    kv_heads: int | None = None) -> float:
     """Matmul FLOPs of forward + backward for self-attention with H * head_dim = dim.
 
     Forward: four (B·T, D) x (D, D) projections and two (T, d) x (d, T) products per head;
     backward: two products of the same size per forward product (input and weight gradients).
     """
-    projections = 4 * 2.0 * batch * length * dim * dim
+    kv_share = (kv_heads or heads) / heads  # key and value projections of grouped heads
+    projections = (2 + 2 * kv_share) * 2.0 * batch * length * dim * dim
     attention = 2 * 2.0 * batch * length * length * dim  # scores and context, all heads
     return 3.0 * (projections + attention)
 
@@ -79,7 +88,8 @@ def make_step(layer, x, jit_compile: bool, keras_layer: bool, training: bool = F
 
 
 def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int,
-              gemm_size: int, dropout: float = 0.0, unfused: bool = False) -> list[str]:
+              gemm_size: int, dropout: float = 0.0, unfused: bool = False,
+              kv_heads: int | None = None) -> list[str]:
     import keras
     import numpy as np
     import tensorflow as tf
@@ -90,8 +100,14 @@ def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int
     if dim % heads:
         raise ValueError(f"Argument `--shapes`: heads must divide dim. Received: {spec}")
     x = tf.random.normal((batch, length, dim))
-    reference = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=dim // heads,
-                                                dropout=dropout)
+    if kv_heads:
+        reference = keras.layers.GroupQueryAttention(head_dim=dim // heads,
+                                                     num_query_heads=heads,
+                                                     num_key_value_heads=kv_heads,
+                                                     dropout=dropout)
+    else:
+        reference = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=dim // heads,
+                                                    dropout=dropout)
     reference(x, x)  # build
     contenders = {"keras": reference, "MultiHead": MultiHead.from_keras(reference)}
     if unfused:
@@ -105,7 +121,7 @@ def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int
             err = float(np.max(np.abs(layer(x).numpy() - want)))
             assert err < 1e-4, f"{name} differs from Keras by {err}"
     matmul, gemm_flops = gemm(gemm_size)
-    flops = attention_flops(batch, length, dim, heads)
+    flops = attention_flops(batch, length, dim, heads, kv_heads)
     rows = []
     for mode in modes:
         fns = {name: make_step(layer, x, mode == "xla", name == "keras", dropout > 0,
@@ -130,7 +146,9 @@ def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    header("MultiHead vs keras.layers.MultiHeadAttention, forward + backward (float32)")
+    reference = (f"keras.layers.GroupQueryAttention ({args.kv_heads} key/value heads)"
+                 if args.kv_heads else "keras.layers.MultiHeadAttention")
+    header(f"MultiHead vs {reference}, forward + backward (float32)")
     print(f"rounds: {args.rounds} per shape and mode (medians); GEMM: {args.gemm_size}^3 "
           "float32 under tf.function, timed in the same rounds"
           + (f"; chunked: chunk_size={args.chunk_size}" if args.chunked else "")
@@ -147,7 +165,7 @@ def main(argv=None) -> None:
     print("|" + "---|" * len(columns))
     for spec in args.shapes:
         run_shape(spec, args.modes, args.rounds, args.chunked, args.chunk_size, args.gemm_size,
-                  args.dropout, args.unfused)
+                  args.dropout, args.unfused, args.kv_heads)
 
 
 if __name__ == "__main__":
