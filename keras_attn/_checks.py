@@ -79,7 +79,7 @@ def static_int(value):
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return int(value)
     concrete = concrete_value(value)
-    if concrete is not None and concrete.ndim == 0:
+    if concrete is not None and concrete.ndim == 0 and np.issubdtype(concrete.dtype, np.integer):
         return int(concrete)
     return None
 
@@ -87,6 +87,8 @@ def static_int(value):
 def concrete_value(x):
     """`x` as a NumPy array when its value is known now (NumPy data, an eager tensor), or None
     when it is symbolic (a tensor being traced, a Keras symbolic tensor)."""
+    if isinstance(x, (str, bytes)):
+        return None
     if isinstance(x, (np.ndarray, np.generic, list, tuple, int, float)):
         return np.asarray(x)
     if isinstance(x, keras.KerasTensor):

@@ -27,35 +27,49 @@ def value_and_grads(fn, inputs, cotangent):
     """
     backend = keras.backend.backend()
     cotangent = np.asarray(cotangent, "float32")
+    # Gradients with respect to floating inputs; integer inputs (lengths) get zeros.
+    floats = [i for i, x in enumerate(inputs)
+              if keras.backend.is_float_dtype(keras.backend.standardize_dtype(
+                  keras.ops.convert_to_tensor(x).dtype))]
     if backend == "tensorflow":
         import tensorflow as tf
 
         xs = [tf.convert_to_tensor(x) for x in inputs]
         with tf.GradientTape() as tape:
-            tape.watch(xs)
+            tape.watch([xs[i] for i in floats])
             out = fn(*xs)
             loss = tf.reduce_sum(tf.cast(out, "float32") * cotangent)
-        grads = tape.gradient(loss, xs, unconnected_gradients="zero")
+        found = tape.gradient(loss, [xs[i] for i in floats], unconnected_gradients="zero")
     elif backend == "jax":
         import jax
         import jax.numpy as jnp
 
-        def loss_fn(*xs):
-            out = fn(*xs)
+        xs = [jnp.asarray(x) for x in inputs]
+
+        def loss_fn(*float_xs):
+            full = list(xs)
+            for i, x in zip(floats, float_xs):
+                full[i] = x
+            out = fn(*full)
             return jnp.sum(out.astype("float32") * cotangent), out
 
-        grads, out = jax.grad(loss_fn, argnums=tuple(range(len(inputs))), has_aux=True)(
-            *[jnp.asarray(x) for x in inputs])
+        found, out = jax.grad(loss_fn, argnums=tuple(range(len(floats))), has_aux=True)(
+            *[xs[i] for i in floats])
     elif backend == "torch":
         import torch
 
-        xs = [keras.ops.convert_to_tensor(x).detach().requires_grad_(True) for x in inputs]
+        xs = [keras.ops.convert_to_tensor(x).detach() for x in inputs]
+        for i in floats:
+            xs[i].requires_grad_(True)
         out = fn(*xs)
         loss = (out.float() * torch.as_tensor(cotangent, device=out.device)).sum()
-        grads = torch.autograd.grad(loss, xs, allow_unused=True)
-        grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads)]
+        found = torch.autograd.grad(loss, [xs[i] for i in floats], allow_unused=True)
+        found = [torch.zeros_like(xs[i]) if g is None else g for i, g in zip(floats, found)]
     else:  # pragma: no cover
         raise NotImplementedError(backend)
+    grads = [np.zeros(np.shape(x), "float32") for x in inputs]
+    for i, grad in zip(floats, found):
+        grads[i] = grad
     return to_np(out), [to_np(g) for g in grads]
 
 

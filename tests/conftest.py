@@ -1,4 +1,5 @@
-"""Shared pytest setup: quiet TensorFlow, fixed seeds, and a float32 policy for every test."""
+"""Shared pytest setup: quiet TensorFlow, fixed seeds, a float32 policy for every test, and the
+backend switch: under `KERAS_BACKEND=jax` or `torch`, tests marked `tf_only` are skipped."""
 
 import os
 
@@ -17,3 +18,12 @@ def _fresh_keras_state():
     yield
     keras.config.set_dtype_policy("float32")
     keras.backend.clear_session()
+
+
+def pytest_collection_modifyitems(config, items):
+    if keras.backend.backend() == "tensorflow":
+        return
+    skip = pytest.mark.skip(reason=f"TensorFlow only; the backend is {keras.backend.backend()}")
+    for item in items:
+        if "tf_only" in item.keywords:
+            item.add_marker(skip)

@@ -180,6 +180,7 @@ def test_mixed_precision_fit_step(policy):
     assert np.asarray(decoding.greedy_search(model, SOURCE, 4)).shape == (3, 4)
 
 
+@pytest.mark.tf_only
 def test_gradient_under_xla_with_unknown_lengths():
     # model.fit uses XLA on GPU by default; batch and lengths are unknown when the step traces.
     decoder = BahdanauDecoder(14, 6, 8, num_layers=2, dropout=0.2)

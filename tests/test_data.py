@@ -13,6 +13,8 @@ import tensorflow as tf
 from keras_attn.data import dates, nw, pairs
 from keras_attn.data.translation import BOS_ID, EOS_ID, PAD_ID, UNK_ID, build_vectorizer
 
+pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
+
 # ---------------------------------------------------------------- kernel regression data
 
 

@@ -171,6 +171,7 @@ def test_greedy_matches_numpy_on_the_markov_model():
     assert np.any(tokens == EOS) and np.any(tokens[:, -1] != 0)  # both ways of ending occur
 
 
+@pytest.mark.tf_only
 def test_search_stops_once_every_sequence_ended():
     """The loop must not run another step after all sequences emitted <eos>."""
     table = np.zeros((8, 7, 7, 7))
@@ -261,6 +262,7 @@ def test_beam_size_one_equals_greedy_on_markov_model():
     np.testing.assert_allclose(to_np(b_att), to_np(g_att), atol=1e-6)
 
 
+@pytest.mark.tf_only
 def test_xla_compiled_search_gives_the_same_results():
     model, _ = markov_model()
     for search, kwargs in ((decoding.greedy_search, {}),
@@ -378,6 +380,7 @@ def test_transformer_beam_search_equals_uncached_python_beam_search():
     assert np.any(tokens == eos)
 
 
+@pytest.mark.tf_only
 def test_beam_search_in_tf_function_with_unknown_batch():
     """Usable inside a SavedModel-style signature: batch and length None, traced once."""
     model = varied_transformer()

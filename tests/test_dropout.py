@@ -9,6 +9,8 @@ from layer_test_utils import run_layer_test
 from keras_attn import ops as attn_ops
 from keras_attn.layers import Dropout
 
+pytestmark = pytest.mark.tf_only  # TensorFlow's 16-bit dropout mask
+
 
 def _keep_fraction_bounds(rate, n, sigmas=6.0):
     threshold = round(rate * 65536)

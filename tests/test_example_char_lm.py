@@ -10,6 +10,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
 import char_lm
 
+pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
+
 DATA = os.path.normpath(char_lm.DEFAULT_DATA)
 needs_data = pytest.mark.skipif(not os.path.isfile(DATA),
                                 reason=f"the shared data file {DATA} is not here")

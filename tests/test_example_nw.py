@@ -4,6 +4,10 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
+
+pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
+
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
+
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 SMOKE = ["--num-examples", "300", "--epochs", "1", "--max-test", "20", "--batch-size", "64"]
 

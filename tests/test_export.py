@@ -22,6 +22,8 @@ import json, sys
 sys.modules["keras_attn"] = None
 sys.modules["keras"] = None
 import tensorflow as tf
+
+pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
 translator = tf.saved_model.load(sys.argv[1])
 texts = json.loads(sys.argv[2])
 out = translator.signatures["translate"](text=tf.constant(texts, tf.string))["translation"]

@@ -84,6 +84,7 @@ def test_inputs_of_the_wrong_rank_name_the_argument(name):
         layer(bad)
 
 
+@pytest.mark.tf_only
 def test_strings_are_not_attended():
     with pytest.raises(ValueError, match="query.*numeric"):
         ka.ScaledDotAttention()(np.array([[["a"], ["b"]]]))

@@ -225,6 +225,7 @@ def test_multi_head_equals_keras_multi_head_attention(masking):
     np.testing.assert_allclose(to_np(out), to_np(ref), atol=1e-5)
 
 
+@pytest.mark.tf_only
 def test_multi_head_under_xla_equals_keras_with_gradients():
     import tensorflow as tf
 

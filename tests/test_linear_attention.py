@@ -78,6 +78,7 @@ def test_layer_matches_formula_with_its_projections():
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.tf_only
 def test_fully_masked_rows_are_zero_with_finite_gradients(causal):
     q = keras.Variable(rand(2, 2, 5, 3))
     k, v = rand(2, 2, 5, 3), rand(2, 2, 5, 3)

@@ -67,6 +67,7 @@ def test_fully_masked_rows_are_zero():
     assert np.all(np.abs(out[:, :, :5]).sum(-1) > 0)
 
 
+@pytest.mark.tf_only
 def test_never_forms_a_quadratic_tensor():
     # A structural check on purpose: O(T · window) memory is what the local kernel is for, and
     # the largest tensor in its graph is the direct measure of it.

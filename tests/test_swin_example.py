@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
+
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "swin_digits.py")
 
 

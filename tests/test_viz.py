@@ -1,9 +1,9 @@
 """Tests of keras_attn.viz: PNG files are written, bad inputs raise ValueError."""
 
+import keras
 import matplotlib
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_attn import viz
 from keras_attn.data import make_kernel_regression_data
@@ -28,7 +28,7 @@ def test_import_keeps_pyplot_backend():
 def test_show_heatmaps_writes_png(tmp_path, as_tensor):
     weights = np.random.default_rng(0).random((2, 3, 4, 5))
     weights /= weights.sum(-1, keepdims=True)
-    matrices = tf.constant(weights) if as_tensor else weights
+    matrices = keras.ops.convert_to_tensor(weights) if as_tensor else weights
     path = viz.show_heatmaps(
         matrices,
         "Keys",
