@@ -27,6 +27,7 @@ RANKS = {
     "keras_attn.models": 4,
     "keras_attn.decoding": 5,
     "keras_attn.export": 6,
+    "keras_attn.distribute": 6,
 }
 
 
