@@ -5,9 +5,9 @@ the single-process reference. Training is the translation examples' (Adam with `
 and a cosine schedule, the masked sequence loss, seeded shuffling, the global batch sharded by
 data, `WorkerBackupAndRestore` in OUT/backup, `--interrupt-after` stopping the process after an
 epoch), with dropout off so that every run computes the same function. Each process writes its
-weights to `OUT/weights_<name>_epoch<k>.npz` after every epoch and its history to
-`OUT/history_<name>.json` at the end (test artifacts; `<name>` is `worker0`, `worker1` or
-`single`).
+weights to `OUT/weights_<name>_epoch<k>.npz` and its loss and step count to
+`OUT/logs_<name>_epoch<k>.json` after every epoch, and its history to `OUT/history_<name>.json`
+at the end (test artifacts; `<name>` is `worker0`, `worker1` or `single`).
 
     python tests/distribute_worker.py --out OUT --epochs 3 [--interrupt-after 1]
 """
@@ -76,6 +76,9 @@ def main(argv=None):
     class Record(keras.callbacks.Callback):  # then, as the examples' --interrupt-after
         def on_epoch_end(self, epoch, logs=None):
             save_weights(os.path.join(args.out, f"weights_{name}_epoch{epoch + 1}.npz"))
+            with open(os.path.join(args.out, f"logs_{name}_epoch{epoch + 1}.json"), "w") as f:
+                json.dump({"loss": float(logs["loss"]),
+                           "iterations": int(model.optimizer.iterations.numpy())}, f)
             if args.interrupt_after is not None and epoch + 1 >= args.interrupt_after:
                 print(f"interrupted after epoch {epoch + 1}", flush=True)
                 raise SystemExit(3)

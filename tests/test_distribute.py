@@ -1,12 +1,12 @@
 """Training past one machine: tf.distribute workers on localhost, and JAX's keras.distribution.
 
 The multi-worker tests start real worker processes (tests/distribute_worker.py) on free localhost
-ports, each bounded by a deadline and killed at the end whatever happens. One scenario is run once
-for two tests: two workers train the tiny dates Transformer for 3 epochs of 4 steps (global
-batch 32), worker 1 stops after epoch 1 (the examples' `--interrupt-after`, as if killed there),
-the chief notices its lost peer in epoch 2 and stops, and both are restarted; a single process
-with the same global batch is interrupted and resumed the same way. The full example CLI on two
-workers is a `slow` test.
+ports, each bounded by a deadline and killed at the end whatever happens. Two workers train the
+tiny dates Transformer for 3 epochs of 4 steps (global batch 32); worker 1 stops after epoch 1
+(the examples' `--interrupt-after`, as if killed there) and the chief, missing its peer in epoch
+2, stops too; a single process with the same global batch is interrupted the same way. That
+first phase (about a minute) is in the default run. Restarting all three and finishing the run
+from the backups, and the full example CLI on two workers, are `slow` tests.
 """
 
 from __future__ import annotations
@@ -134,81 +134,98 @@ def max_difference(a: dict, b: dict, key_biases: bool = False) -> float:
 
 
 @pytest.fixture(scope="module")
-def interrupted_runs(tmp_path_factory):
-    """Runs the scenario of the module docstring; returns what each phase left."""
+def first_phase(tmp_path_factory):
+    """Two workers and one process until worker 1 stops after epoch 1; what they left."""
     root = tmp_path_factory.mktemp("distribute")
     cluster_out, single_out = root / "cluster", root / "single"
     script = [sys.executable, str(WORKER), "--epochs", "3"]
-    result = {"cluster": cluster_out, "single": single_out}
+    result = {"root": root, "cluster": cluster_out, "single": single_out, "script": script}
     with processes(root) as group:
         deadline = time.monotonic() + PHASE_SECONDS
         workers = group.cluster("first", [*script, "--out", str(cluster_out)],
                                 {1: ["--interrupt-after", "1"]})
         single = group.start("first_single", [*script, "--out", str(single_out),
                                               "--interrupt-after", "1"], process_env(root))
-        result["first_worker1_rc"] = wait(workers[1], deadline)
-        result["first_worker1_log"] = log(workers[1])
+        result["worker1_rc"] = wait(workers[1], deadline)
+        result["worker1_log"] = log(workers[1])
         # The chief, in epoch 2, misses its peer's heartbeats and stops (measured: 9 s).
-        result["first_chief_rc"] = wait(workers[0], time.monotonic() + LOST_PEER_SECONDS)
-        result["first_chief_log"] = log(workers[0])
-        result["first_single_rc"] = wait(single, deadline)
-        result["backup_after_loss"] = sorted(os.listdir(cluster_out / "backup"))
-        metadata = cluster_out / "backup" / "training_metadata.json"
-        result["metadata_after_loss"] = json.loads(metadata.read_text())
-
-        deadline = time.monotonic() + PHASE_SECONDS
-        workers = group.cluster("second", [*script, "--out", str(cluster_out)])
-        single = group.start("second_single", [*script, "--out", str(single_out)],
-                             process_env(root))
-        result["second_rcs"] = [wait(p, deadline) for p in [*workers, single]]
-        result["second_logs"] = [log(p) for p in [*workers, single]]
-    result["temporary_files"] = sorted(p.name for p in root.iterdir()
-                                       if p.name.startswith("keras_attn_backup"))
+        result["chief_rc"] = wait(workers[0], time.monotonic() + LOST_PEER_SECONDS)
+        result["chief_log"] = log(workers[0])
+        result["single_rc"] = wait(single, deadline)
+    result["backup"] = sorted(os.listdir(cluster_out / "backup"))
+    result["metadata"] = json.loads((cluster_out / "backup" / "training_metadata.json").read_text())
+    result["temporary_files"] = temporary_files(root)
     return result
 
 
-@tf_only
-def test_two_workers_reach_the_weights_of_one_process(interrupted_runs):
-    runs = interrupted_runs
-    assert runs["second_rcs"] == [0, 0, 0], "\n".join(t[-3000:] for t in runs["second_logs"])
+@pytest.fixture(scope="module")
+def second_phase(first_phase):
+    """The same three processes restarted on the backups, to the end of epoch 3."""
+    root, script = first_phase["root"], first_phase["script"]
+    with processes(root) as group:
+        deadline = time.monotonic() + PHASE_SECONDS
+        started = [*group.cluster("second", [*script, "--out", str(first_phase["cluster"])]),
+                   group.start("second_single", [*script, "--out", str(first_phase["single"])],
+                               process_env(root))]
+        rcs = [wait(p, deadline) for p in started]
+        assert rcs == [0, 0, 0], "\n".join(log(p)[-3000:] for p in started)
+    return {**first_phase, "temporary_files": temporary_files(root)}
+
+
+def temporary_files(root: pathlib.Path) -> list[str]:
+    """What non-chief workers left in their temporary directory (TMPDIR is `root`)."""
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("keras_attn_backup"))
+
+
+def assert_same_weights(runs, epoch: int):
     cluster, single = runs["cluster"], runs["single"]
-    for epoch in (1, 2, 3):
-        chief = load(cluster / f"weights_worker0_epoch{epoch}.npz")
-        other, one = (load(out / f"weights_{name}_epoch{epoch}.npz")
-                      for out, name in [(cluster, "worker1"), (single, "single")])
-        assert max_difference(chief, other) == max_difference(chief, other, True) == 0.0
-        difference = max_difference(chief, one)
-        assert difference <= WEIGHT_ATOL, (epoch, difference)
-        difference = max_difference(chief, one, key_biases=True)
-        assert difference <= KEY_BIAS_ATOL, (epoch, difference)
-    histories = [json.loads((out / f"history_{name}.json").read_text())
-                 for out, name in [(cluster, "worker0"), (cluster, "worker1"),
-                                   (single, "single")]]
-    assert [h["num_replicas"] for h in histories] == [2, 2, 1]
-    np.testing.assert_allclose(histories[0]["loss"], histories[2]["loss"], rtol=1e-5)
-    assert histories[0]["loss"] == histories[1]["loss"]
+    chief = load(cluster / f"weights_worker0_epoch{epoch}.npz")
+    other, one = (load(out / f"weights_{name}_epoch{epoch}.npz")
+                  for out, name in [(cluster, "worker1"), (single, "single")])
+    assert max_difference(chief, other) == max_difference(chief, other, True) == 0.0
+    difference = max_difference(chief, one)
+    assert difference <= WEIGHT_ATOL, (epoch, difference)
+    difference = max_difference(chief, one, key_biases=True)
+    assert difference <= KEY_BIAS_ATOL, (epoch, difference)
+    logs = [json.loads((out / f"logs_{name}_epoch{epoch}.json").read_text())
+            for out, name in [(cluster, "worker0"), (cluster, "worker1"), (single, "single")]]
+    assert logs[0] == logs[1]
+    assert logs[0]["iterations"] == logs[2]["iterations"] == 4 * epoch
+    np.testing.assert_allclose(logs[0]["loss"], logs[2]["loss"], rtol=1e-5)
 
 
 @tf_only
-def test_killed_worker_resumes_without_losing_or_redoing_an_epoch(interrupted_runs):
-    runs = interrupted_runs
-    assert runs["first_worker1_rc"] == 3, runs["first_worker1_log"][-3000:]
-    assert "interrupted after epoch 1" in runs["first_worker1_log"]
-    assert runs["first_chief_rc"] == 1, runs["first_chief_log"][-3000:]
-    assert "UnavailableError" in runs["first_chief_log"]  # a lost worker stops the others
-    assert runs["first_single_rc"] == 3
-    assert runs["metadata_after_loss"] == {"epoch": 1, "batch": 0}
-    # Only the chief wrote to the shared backup; worker 1's copies went to a temporary directory
-    # that is gone.
-    assert runs["backup_after_loss"] == ["latest.weights.h5", "training_metadata.json"]
+def test_two_workers_reach_the_weights_of_one_process(first_phase):
+    assert first_phase["worker1_rc"] == 3, first_phase["worker1_log"][-3000:]
+    assert first_phase["single_rc"] == 3
+    assert_same_weights(first_phase, epoch=1)
+
+
+@tf_only
+def test_a_lost_worker_stops_the_others_and_only_the_chief_backs_up(first_phase):
+    runs = first_phase
+    assert "interrupted after epoch 1" in runs["worker1_log"]
+    assert runs["chief_rc"] == 1, runs["chief_log"][-3000:]
+    assert "UnavailableError" in runs["chief_log"]
+    assert runs["metadata"] == {"epoch": 1, "batch": 0}
+    # Worker 1 saved too, into a temporary directory that is gone.
+    assert runs["backup"] == ["latest.weights.h5", "training_metadata.json"]
     assert runs["temporary_files"] == []
-    assert runs["second_rcs"] == [0, 0, 0], "\n".join(t[-3000:] for t in runs["second_logs"])
+
+
+@tf_only
+@pytest.mark.slow
+def test_restarted_workers_resume_without_losing_or_redoing_an_epoch(second_phase):
+    runs = second_phase
+    for epoch in (2, 3):
+        assert_same_weights(runs, epoch)  # steps 8 and 12, not 4 + 12 or 0 + 8
     for out, name in [(runs["cluster"], "worker0"), (runs["cluster"], "worker1"),
                       (runs["single"], "single")]:
         history = json.loads((out / f"history_{name}.json").read_text())
         assert len(history["loss"]) == 2, name  # epochs 2 and 3: epoch 1 came from the backup
         assert history["iterations"] == 3 * 4, name  # 8 if an epoch were lost, 16 if redone
     assert not (runs["cluster"] / "backup").exists()  # the chief removes it when training ends
+    assert runs["temporary_files"] == []
 
 
 @tf_only
