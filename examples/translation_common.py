@@ -36,11 +36,15 @@ def parse_args(description: str, defaults: dict, argv=None) -> argparse.Namespac
     parser.add_argument("--export-dir", default=None,
                         help="SavedModel directory (default saved_models/<model>_<data>)")
     parser.add_argument("--beam-size", type=int, default=1, help="1 = greedy decoding")
-    parser.add_argument("--strategy", choices=("default", "mirrored"), default="default",
+    parser.add_argument("--strategy", choices=("default", "mirrored", "multi_worker"),
+                        default="default",
                         help="mirrored: tf.distribute.MirroredStrategy over all devices "
-                             "(two logical CPUs when there is a single CPU)")
+                             "(two logical CPUs when there is a single CPU); multi_worker: "
+                             "MultiWorkerMirroredStrategy over the cluster in TF_CONFIG (run the "
+                             "same command on every worker; --batch-size is the global batch)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue an interrupted run from OUT/backup")
+                        help="continue an interrupted run from OUT/backup (with multi_worker, "
+                             "OUT must be storage that every worker sees)")
     parser.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"),
                         default="float32")
     parser.add_argument("--max-test", type=int, default=2000,
@@ -62,6 +66,10 @@ def make_strategy(name: str):
 
     if name == "default":
         return tf.distribute.get_strategy()
+    if name == "multi_worker":
+        from keras_attn.distribute import multi_worker_strategy
+
+        return multi_worker_strategy()
     cpus = tf.config.list_physical_devices("CPU")
     if len(tf.config.list_physical_devices("GPU")) < 2 and len(cpus) == 1:
         tf.config.set_logical_device_configuration(
@@ -178,13 +186,23 @@ def run(name: str, args, build_model: Callable) -> dict:
     import keras
     import tensorflow as tf
 
+    from keras_attn.distribute import WorkerBackupAndRestore, is_chief, shard_by_data
     from keras_attn.export import export_translator, make_translate_fn
     from keras_attn.metrics import MaskedAccuracy, MaskedSequenceLoss
     from keras_attn.viz import plot_history
 
+    if args.batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(
+            "Argument `--batch-size` is the global batch and must be a multiple of the "
+            f"{strategy.num_replicas_in_sync} replicas. Received: --batch-size {args.batch_size}")
+    chief = is_chief(strategy)  # only the chief writes to OUT
     keras.utils.set_random_seed(args.seed)
     keras.config.set_dtype_policy(args.precision)
-    os.makedirs(args.out, exist_ok=True)
+    backup = os.path.join(args.out, "backup")
+    if chief:
+        os.makedirs(args.out, exist_ok=True)
+        if not args.resume:  # before the model, whose variables the chief broadcasts: no
+            shutil.rmtree(backup, ignore_errors=True)  # worker can restore a stale backup
     data = load_data(args)
     print(f"{args.task}: {len(data.train)} train / {len(data.validation)} validation / "
           f"{len(data.test)} test pairs; vocab {data.source_vocab_size} -> "
@@ -196,19 +214,22 @@ def run(name: str, args, build_model: Callable) -> dict:
         model = build_model(data, args)
         model.compile(optimizer=keras.optimizers.Adam(learning_rate, clipnorm=1.0),
                       loss=MaskedSequenceLoss(), metrics=[MaskedAccuracy()])
-    backup = os.path.join(args.out, "backup")
-    if not args.resume:
-        shutil.rmtree(backup, ignore_errors=True)
-    callbacks = [keras.callbacks.BackupAndRestore(backup)]
+    callbacks = [WorkerBackupAndRestore(backup, strategy)]
     if args.interrupt_after is not None:
         callbacks.append(_Interrupt(args.interrupt_after))
     train = data.make_dataset("train", args.batch_size, shuffle=True, seed=args.seed)
     validation = data.make_dataset("validation", args.batch_size) if data.validation else None
+    if args.strategy == "multi_worker":  # each worker keeps its slice of every global batch
+        train = shard_by_data(train)
+        validation = shard_by_data(validation) if validation is not None else None
     start = time.perf_counter()
     history = model.fit(train, validation_data=validation, epochs=args.epochs, shuffle=False,
                         callbacks=callbacks, verbose=2 if os.environ.get("CI") else 1)
     train_seconds = time.perf_counter() - start
     keras.config.set_dtype_policy("float32")
+    if not chief:  # the chief scores, draws and exports the same weights
+        print("training done; the chief writes metrics, plots and the export")
+        return {"epochs_run": len(history.history.get("loss", [])), "chief": False}
 
     metrics, samples = score(model, data, args)
     metrics.update(train_seconds=train_seconds, epochs=args.epochs, task=args.task,

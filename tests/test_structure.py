@@ -28,6 +28,7 @@ RANKS = {
     "keras_attn.decoding": 5,
     "keras_attn.export": 6,
     "keras_attn.export_generator": 6,
+    "keras_attn.distribute": 6,
 }
 
 
