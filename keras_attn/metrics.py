@@ -165,7 +165,10 @@ def masked_sparse_categorical_crossentropy(y_true, y_pred):
 class MaskedSequenceLoss(keras.losses.Loss):
     """`masked_sparse_categorical_crossentropy` as a `keras.losses.Loss`.
 
-    The value is already the token mean, so `reduction` only matters with `sample_weight`.
+    `call` gives one value per sequence, its share of the token mean (its summed token losses
+    times `B / tokens in the batch`), so that Keras' `"sum_over_batch_size"` reduction gives
+    the token mean and, under `tf.distribute`, divides by the number of replicas as it does
+    for every per-example loss (a scalar here would be summed over the replicas instead).
 
     Args:
         name: str. Defaults to `"masked_sequence_loss"`.
@@ -186,7 +189,13 @@ class MaskedSequenceLoss(keras.losses.Loss):
         super().__init__(name=name, reduction=reduction, dtype="float32", **kwargs)
 
     def call(self, y_true, y_pred):
-        return masked_sparse_categorical_crossentropy(y_true, y_pred)
+        y_true = ops.cast(y_true, "int32")
+        losses = ops.sparse_categorical_crossentropy(
+            y_true, ops.cast(y_pred, "float32"), from_logits=True)  # (B, T)
+        mask = ops.cast(ops.not_equal(y_true, PAD_ID), "float32")
+        per_sequence = ops.sum(losses * mask, axis=-1)  # (B,)
+        batch = ops.cast(ops.shape(y_true)[0], "float32")
+        return ops.divide_no_nan(per_sequence * batch, ops.sum(mask))  # mean = token mean
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

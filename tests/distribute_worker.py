@@ -45,15 +45,6 @@ def main(argv=None):
     from keras_attn.metrics import MaskedAccuracy, MaskedSequenceLoss
     from keras_attn.models import transformer_seq2seq
 
-    class PerExampleLoss(MaskedSequenceLoss):
-        """The token mean given once per example, so that Keras averages the examples and divides
-        by the number of replicas, which it skips for the scalar `MaskedSequenceLoss` returns
-        (test_distribute.py::test_library_loss_is_averaged_over_replicas)."""
-
-        def call(self, y_true, y_pred):
-            value = super().call(y_true, y_pred)
-            return keras.ops.broadcast_to(value, keras.ops.shape(y_true)[:1])  # (B,)
-
     task_type, task_id = distribute.task(strategy)
     name = "single" if task_type is None else f"{task_type}{task_id}"
     keras.utils.set_random_seed(0)
@@ -65,7 +56,7 @@ def main(argv=None):
                                     dropout=0.0)
         learning_rate = keras.optimizers.schedules.CosineDecay(2e-3, steps, alpha=0.02)
         model.compile(optimizer=keras.optimizers.Adam(learning_rate, clipnorm=1.0),
-                      loss=PerExampleLoss(), metrics=[MaskedAccuracy()])
+                      loss=MaskedSequenceLoss(), metrics=[MaskedAccuracy()])
     train = distribute.shard_by_data(
         data.make_dataset("train", args.batch_size, shuffle=True, seed=0))
 

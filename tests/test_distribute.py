@@ -358,11 +358,9 @@ print(max(float(np.abs(a - b).max()) for a, b in zip(one, two)))
 
 
 @tf_only
-@pytest.mark.xfail(strict=True, reason=(
-    "keras_attn/metrics.py MaskedSequenceLoss.call returns a scalar, and Keras divides a loss "
-    "by the number of replicas only when it reduces per-example values itself: on R replicas "
-    "the gradient is R times too large (tests/distribute_worker.py uses a per-example stand-in)"))
 def test_library_loss_is_averaged_over_replicas(tmp_path):
+    """MaskedSequenceLoss gives per-example values, so Keras divides by the replicas: two
+    replicas train as one process does."""
     result = subprocess.run([sys.executable, "-c", LIBRARY_LOSS_ON_TWO_REPLICAS],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path,
                             env=process_env(tmp_path), check=False)
