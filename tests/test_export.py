@@ -16,14 +16,14 @@ from keras_attn.export import export_translator, make_translate_fn
 from keras_attn.metrics import MaskedSequenceLoss
 from keras_attn.models import bahdanau_seq2seq, transformer_seq2seq
 
+pytestmark = pytest.mark.tf_only  # SavedModels
+
 # Loads the SavedModel in a fresh interpreter where keras_attn and Keras cannot be imported.
 SERVE_SCRIPT = """
 import json, sys
 sys.modules["keras_attn"] = None
 sys.modules["keras"] = None
 import tensorflow as tf
-
-pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
 translator = tf.saved_model.load(sys.argv[1])
 texts = json.loads(sys.argv[2])
 out = translator.signatures["translate"](text=tf.constant(texts, tf.string))["translation"]
