@@ -3,8 +3,8 @@
 Compares, on (batch 1, heads H, length T, head size d) float32 self-attention:
 
 - dense:   `keras_attn.ops.dot_product_attention` (the (T, T) matrix, O(T²) memory);
-- chunked: exact attention blockwise over keys (`implementation="chunked"` of
-           `ops.dot_product_attention` when it exists, else `keras_attn.chunked`), O(T) memory;
+- chunked: exact attention blockwise over keys (`ops.dot_product_attention(...,
+           implementation="chunked")`), O(T) memory;
 - linear:  `linear_attention` (elu + 1 features), O(T) time and memory;
 - local:   `local_dot_product_attention` with a sliding window, O(T·w).
 

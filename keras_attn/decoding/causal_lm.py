@@ -27,20 +27,8 @@ STRATEGIES = ("greedy", "sample", "beam")
 
 
 def _decoder(model):
-    try:
-        decoder = model.get_layer("decoder")
-    except (AttributeError, ValueError) as error:
-        raise ValueError(
-            "Argument `model` must be a keras_attn causal language model with a layer named "
-            f"'decoder'. Received: model={model!r}"
-        ) from error
-    for method in ("init_decode_state", "decode_step"):
-        if not callable(getattr(decoder, method, None)):
-            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
-                f"Argument `model` has a 'decoder' layer without a `{method}` method. "
-                f"Received: decoder={decoder!r}"
-            )
-    return decoder
+    return compiled.contract_layer(
+        model, "decoder", "a keras_attn causal language model with a layer named 'decoder'")
 
 
 def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, alpha, *,

@@ -57,3 +57,21 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
 
             compiled[key] = jax.jit(call)
     return compiled[key](*arrays)
+
+
+def contract_layer(model, name: str, kind: str, methods=("init_decode_state", "decode_step")):
+    """The layer `name` of `model`, with the decoding methods `methods`, or a ValueError
+    that says what `model` must be (`kind`)."""
+    try:
+        layer = model.get_layer(name)
+    except (AttributeError, ValueError) as error:
+        raise ValueError(
+            f"Argument `model` must be {kind}. Received: model={model!r}"
+        ) from error
+    for method in methods:
+        if not callable(getattr(layer, method, None)):
+            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+                f"Argument `model` has a {name!r} layer without a `{method}` method, so it "
+                f"cannot be decoded step by step. Received: {name}={layer!r}"
+            )
+    return layer

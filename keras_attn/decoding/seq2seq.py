@@ -27,21 +27,9 @@ from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID
 
 def _decoder_parts(model):
     """The `"encoder"` and `"decoder"` layers of `model`, checked against the contract."""
-    try:
-        encoder = model.get_layer("encoder")
-        decoder = model.get_layer("decoder")
-    except (AttributeError, ValueError) as error:
-        raise ValueError(
-            "Argument `model` must be a keras_attn seq2seq model with layers named 'encoder' "
-            f"and 'decoder'. Received: model={model!r}"
-        ) from error
-    for method in ("init_decode_state", "decode_step"):
-        if not callable(getattr(decoder, method, None)):
-            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
-                f"Argument `model` has a 'decoder' layer without a `{method}` method, so it "
-                f"cannot be decoded step by step. Received: decoder={decoder!r}"
-            )
-    return encoder, decoder
+    kind = "a keras_attn seq2seq model with layers named 'encoder' and 'decoder'"
+    return (compiled.contract_layer(model, "encoder", kind, methods=()),
+            compiled.contract_layer(model, "decoder", kind))
 
 
 def _decode(model, source_ids, *params, strategy, max_length, bos_id, eos_id, beam_size,

@@ -294,25 +294,9 @@ class TransformerDecoderBlock(_TransformerBlock):
     values are projected once.
 
     Args:
-        num_heads: int, number of attention heads.
-        ffn_dim: int, hidden size of the feed-forward network.
-        dropout: float in [0, 1), dropout on the attention weights, the FFN hidden layer and
-            each residual branch. Defaults to `0.0`.
-        norm_first: bool, pre-LN instead of post-LN. Defaults to `False`.
-        activation: activation of the FFN hidden layer, or `"swiglu"` / `"geglu"` (a gated
-            FFN). Defaults to `"relu"`.
-        epsilon: float, the norms' epsilon. Defaults to `1e-5`.
-        kernel_initializer: initializer of every dense kernel. Defaults to `"glorot_uniform"`.
-        seed: optional int seed for the dropouts. Defaults to `None`.
-        norm: `"layer"` or `"rms"` (`keras.layers.RMSNormalization`). Defaults to `"layer"`.
-        num_key_value_heads: optional int, grouped-query self-attention (see `MultiHead`).
-            Defaults to `None`.
-        position_encoding: optional `"rope"`, `"alibi"` or `"relative"` for the
-            self-attention (see `MultiHead`; T5 buckets are one-directional when causal).
-            Defaults to `None`.
-        attention_window: optional int: causal self-attention sees only the last
-            `attention_window` positions (sliding-window `LocalMultiHead`); cross-attention
-            stays full. Defaults to `None` (full attention).
+        As `TransformerEncoderBlock`; `attention_window`, `num_key_value_heads` and
+        `position_encoding` apply to the causal self-attention only (cross-attention stays
+        full, without positions).
 
     Call arguments:
         inputs: `(B, T, embed_dim)`, the embedded target.
