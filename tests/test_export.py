@@ -80,45 +80,50 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("name,beam_size", [("transformer", 1), ("bahdanau", 1),
-                                            ("transformer", 3)])
-def test_exported_translator_serves_without_keras_attn(name, beam_size, dates, tmp_path):
-    keras.utils.set_random_seed(0)
-    model = train(MODELS[name](dates), dates)
-    path = str(tmp_path / f"{name}_export")
-    export_translator(model, dates.source_vectorizer, dates.target_vectorizer, path,
-                      beam_size=beam_size, standardize=dates.standardize_tf, joiner="")
-
-    texts = IN_DISTRIBUTION + ODD_INPUTS
+def export_and_serve(model, data, beam_size, texts, tmp_path):
+    """Exports `model`, serves `texts` in a fresh interpreter without Keras, and checks the
+    outputs against the same function in Python and against the decoding API."""
+    path = str(tmp_path / "export")
+    export_translator(model, data.source_vectorizer, data.target_vectorizer, path,
+                      beam_size=beam_size, standardize=data.standardize_tf, joiner="")
     in_python = make_translate_fn(
-        model, dates.source_vectorizer, dates.target_vectorizer.get_vocabulary(),
-        dates.target_length, beam_size, standardize=dates.standardize_tf, joiner="",
+        model, data.source_vectorizer, data.target_vectorizer.get_vocabulary(),
+        data.target_length, beam_size, standardize=data.standardize_tf, joiner="",
     )(tf.constant(texts))
     expected = [t.decode() for t in in_python["translation"].numpy()]
     # Translating through the Python decoding API gives the same strings and scores.
-    ids = dates.encode_source([dates.standardize(t) for t in IN_DISTRIBUTION],
-                              standardize=False)
+    ids = data.encode_source([data.standardize(t) for t in IN_DISTRIBUTION], standardize=False)
     tokens, scores = (
-        decoding.greedy_search(model, ids, dates.target_length, return_scores=True)
+        decoding.greedy_search(model, ids, data.target_length, return_scores=True)
         if beam_size == 1 else
-        decoding.beam_search(model, ids, dates.target_length, beam_size=beam_size,
+        decoding.beam_search(model, ids, data.target_length, beam_size=beam_size,
                              return_scores=True))
-    assert dates.decode(tokens) == expected[:3]
+    assert texts[:3] == IN_DISTRIBUTION and data.decode(tokens) == expected[:3]
     np.testing.assert_allclose(in_python["score"].numpy()[:3], np.asarray(scores), atol=1e-5)
 
     served = serve_without_keras(path, texts, tmp_path)
     assert served["translations"] == expected
     np.testing.assert_allclose(served["scores"], in_python["score"].numpy(), atol=1e-5)
+    assert served["truncated"] == in_python["truncated"].numpy().tolist()
     assert served["dtypes"] == {"translation": "string", "score": "float32",
                                 "truncated": "bool"}
-    assert served["logits_shape"] == [1, 11, dates.target_vocab_size]
+    assert served["logits_shape"] == [1, 11, data.target_vocab_size]
     # Empty and whitespace-only inputs: nothing to translate, and the score says so.
     for i in (3, 6):
         assert served["translations"][i] == "" and served["scores"][i] == -math.inf
     # Only the over-long input is flagged; the others have real, finite scores <= 0.
-    assert served["truncated"] == [False, False, False, False, True, False, False]
+    assert served["truncated"][:7] == [False, False, False, False, True, False, False]
     finite = [s for i, s in enumerate(served["scores"]) if i not in (3, 6)]
     assert all(math.isfinite(s) and s <= 0 for s in finite)
+    return served
+
+
+# Greedy search on the Transformer is served by `test_nonsense_scores_clearly_lower_than_dates`.
+@pytest.mark.parametrize("name,beam_size", [("bahdanau", 1), ("transformer", 3)])
+def test_exported_translator_serves_without_keras_attn(name, beam_size, dates, tmp_path):
+    keras.utils.set_random_seed(0)
+    model = train(MODELS[name](dates), dates)
+    export_and_serve(model, dates, beam_size, IN_DISTRIBUTION + ODD_INPUTS, tmp_path)
 
 
 def test_truncated_flags_exactly_the_inputs_longer_than_the_source_length(dates):
@@ -152,19 +157,18 @@ NONSENSE = ["hello world", "qwerty uiop", "banana bread recipe", "the cat sat on
 
 def test_nonsense_scores_clearly_lower_than_dates(trained_dates_model, tmp_path):
     model, data = trained_dates_model
-    raw_test = [source for source, _ in load_dates(num_examples=4000, seed=1).test[:50]]
-    path = str(tmp_path / "dates_export")
-    export_translator(model, data.source_vectorizer, data.target_vectorizer, path,
-                      standardize=data.standardize_tf, joiner="")
-    served = serve_without_keras(path, raw_test + NONSENSE, tmp_path)
-    scores = np.asarray(served["scores"])
-    in_distribution, nonsense = scores[:len(raw_test)], scores[len(raw_test):]
-    references = [target for _, target in load_dates(num_examples=4000, seed=1).test[:50]]
-    accuracy = np.mean([p == r for p, r in zip(served["translations"], references)])
+    test = load_dates(num_examples=4000, seed=1).test[:50]
+    texts = IN_DISTRIBUTION + ODD_INPUTS + [source for source, _ in test] + NONSENSE
+    served = export_and_serve(model, data, 1, texts, tmp_path)
+    first = len(IN_DISTRIBUTION + ODD_INPUTS)
+    scores = np.asarray(served["scores"][first:])
+    in_distribution, nonsense = scores[:len(test)], scores[len(test):]
+    translations = served["translations"][first:]
+    accuracy = np.mean([p == target for p, (_, target) in zip(translations, test)])
     assert accuracy >= 0.5, accuracy  # the model has learned the task
     # Nonsense still comes back as a well-formed date, but with a clearly lower score: every
     # nonsense input scores below the typical date by more than half a nat per token.
-    assert all(len(t) == 10 and t[4] == "-" for t in served["translations"][len(raw_test):])
+    assert all(len(t) == 10 and t[4] == "-" for t in translations[len(test):])
     assert nonsense.max() < np.median(in_distribution) - 0.5, (nonsense, in_distribution)
     assert nonsense.mean() < in_distribution.mean() - 0.5
 
