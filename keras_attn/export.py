@@ -16,10 +16,13 @@ Two signatures are written:
     - `score` (float32): how sure the model is of that translation, the log-probability of
       its tokens (`<eos>` included) divided by GNMT's length normaliser
       `((5 + |Y|) / 6) ** length_penalty`, the quantity beam search ranks by. It is at most 0
-      (0 = certain); a translation the model is unsure of scores clearly lower than the
-      in-distribution inputs it was trained on, so a consumer can flag or reject outputs under a
-      threshold chosen on held-out data. An input with no tokens (empty or whitespace only)
-      gets the empty translation and the score `-inf`: there is nothing to translate.
+      (0 = certain). Input unlike anything the model was trained on (for a dates model: text
+      that is no date) scores clearly lower than held-out inputs of the training
+      distribution, so a consumer can flag or reject outputs under a threshold chosen on
+      held-out data. It is the model's confidence, not a check of the input: input close to
+      the training data but outside it (an impossible date) can get a confident, wrong
+      translation. An input with no tokens (empty or whitespace only) gets the empty
+      translation and the score `-inf`: there is nothing to translate.
     - `truncated` (bool): True when the input has more tokens (after standardization) than the
       model's source length `Ls`; the translation is then of the first `Ls` tokens only, so
       the flag must be checked.

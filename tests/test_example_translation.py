@@ -152,7 +152,7 @@ def test_transformer_dates_smoke(tmp_path):
     typed = [source for source, _ in load_dates(num_examples=300, seed=0).test[:5]]
     # e.g. 'the 1st of march, 2042', not 'the 1 st of march , 2 0 4 2'
     assert sample_inputs(result.stdout) == typed, result.stdout
-    assert re.search(r"corpus BLEU \d+\.\d \(0-100, over characters\)", result.stdout)
+    assert re.search(r"corpus BLEU \d+\.\d\d \(0-100, over characters\)", result.stdout)
     assert "score    -inf" in result.stdout  # the empty input, served
     noise = [line for line in (result.stdout + result.stderr).splitlines()
              if NOISE.search(line)]

@@ -27,8 +27,11 @@ The formats are chosen so that every source string has exactly one answer:
 Not covered, so a model trained here has never seen it: dates outside 1950-2049, day-first
 slashes (`31/12/2021`), other languages, times, relative dates ("tomorrow"), partial dates
 ("march 2021"), impossible dates ("february 30, 2021") and any other text. A translator still
-writes a well-formed ISO date for such input; the `score` output of an exported translator
-(`keras_attn.export`) is how it says that it is unsure.
+writes a well-formed ISO date for such input. The `score` output of an exported translator
+(`keras_attn.export`) is clearly lower for text that is no date at all ("hello world"), but it
+measures the model's confidence, not the input's validity: a trained model turned
+"february 30, 2021" into "2021-02-30" and "31/12/2021" into "2021-03-12" with scores as high as
+for real dates.
 
 Tokenization (`to_tokens`) splits every digit into its own token and separates punctuation, so
 the source vocabulary is small (about 90 tokens: digits, month and weekday names, ordinal words
@@ -285,7 +288,9 @@ def describe_formats(date: datetime.date = datetime.date(2021, 3, 3)) -> str:
         "first (04.03.2021 is March 4); two-digit years 00-49 are 2000-2049, 50-99 are",
         "1950-1999; upper case is read as lower case. Anything else (other years, day-first",
         "slashes, other languages, times, impossible dates such as february 30) still gets an",
-        "ISO date: the exported translator's `score` output says how sure it is.",
+        "ISO date. The exported translator's `score` is clearly lower for text that is no date",
+        "at all, but a date just outside the formats (31/12/2021, february 30) can come back",
+        "wrong with a confident score: check the dates you rely on.",
     ]
     return "\n".join(lines)
 
