@@ -2,11 +2,12 @@
 
 The seq2seq model of Bahdanau et al. (2015): at each output step the previous decoder state
 attends (additive attention) over the encoder states. By default it learns the built-in
-date-normalization task (no download); `--data fra.txt` trains on a Tatoeba/Anki English–French
-export. Prints exact match and corpus BLEU on the test split with sample translations, writes
-OUT/metrics.json, OUT/attention_<i>.png (which source tokens each output step looked at) and
-OUT/history.png, and exports to saved_models/bahdanau_<data>/ a SavedModel that serves raw
-strings with TensorFlow alone.
+date-normalization task (19 formats listed by `--help`; no download); `--data fra.txt` trains
+on a Tatoeba/Anki English–French export. Prints exact match and corpus BLEU (0–100) on the test
+split with sample translations, and writes everything into `--out`: metrics.json,
+attention_<i>.png (which source tokens each output step looked at), history.png and
+saved_model/, a SavedModel that serves raw strings (translation, confidence score, truncation
+flag) with TensorFlow alone.
 
     python examples/bahdanau_translation.py --out runs/bahdanau
 """
@@ -19,11 +20,25 @@ from translation_common import parse_args, run
 
 DEFAULTS = {
     "dates": {"num_examples": 20000, "epochs": 10, "batch_size": 128, "learning_rate": 3e-3,
-                  "out": "runs/bahdanau", "embed_dim": 32, "units": 128, "num_layers": 1, "dropout": 0.1},
+              "out": "runs/bahdanau", "embed_dim": 32, "units": 128, "num_layers": 1,
+              "dropout": 0.1},
     "tatoeba": {"num_examples": None, "epochs": 15, "batch_size": 128, "learning_rate": 1e-3,
-                    "out": "runs/bahdanau_tatoeba", "embed_dim": 128, "units": 256, "num_layers": 2,
-                    "dropout": 0.2, "max_length": 12, "min_freq": 2},
+                "out": "runs/bahdanau_tatoeba", "embed_dim": 128, "units": 256, "num_layers": 2,
+                "dropout": 0.2, "max_length": 12, "min_freq": 2},
 }
+
+MODEL_FLAGS = {
+    "num_layers": (int, "stacked GRU layers in the encoder and in the decoder"),
+    "embed_dim": (int, "width of the token embeddings"),
+    "units": (int, "size of the GRU states and of the attention"),
+    "dropout": (float, "dropout rate"),
+}
+
+USAGE = (
+    "python examples/bahdanau_translation.py --out runs/bahdanau",
+    "python examples/bahdanau_translation.py --epochs 2 --num-examples 2000 --out /tmp/bd",
+    "python examples/bahdanau_translation.py --data fra.txt --out runs/bahdanau_fra",
+)
 
 
 def build_model(data, args):
@@ -36,7 +51,7 @@ def build_model(data, args):
 
 
 def main(argv=None) -> dict:
-    args = parse_args(__doc__.splitlines()[0], DEFAULTS, argv)
+    args = parse_args(__doc__.splitlines()[0], DEFAULTS, argv, MODEL_FLAGS, USAGE)
     return run("bahdanau", args, build_model)
 
 

@@ -8,7 +8,10 @@ true function on x = 0, 0.1, ..., 4.9:
 3. parametric NW pooling: the same with a learnable width w, trained with SGD where each
    training point is a query over all *other* training points (leave-one-out mask).
 
-Writes OUT/metrics.json, the three fit plots and the attention heatmaps.
+Writes into OUT: metrics.json, the three fit plots (fit_<method>.png, test MSE in the title),
+the attention weights of both NW poolings on one shared colour scale
+(attention_<method>.png: test inputs x against training inputs x_i) and the training loss
+(history.png).
 
     python examples/nw_regression.py --out runs/nw
 """
@@ -20,7 +23,9 @@ import json
 import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from example_utils import import_tensorflow_quietly
+
+import_tensorflow_quietly()
 
 import keras
 import numpy as np
@@ -31,13 +36,20 @@ from keras_attn.viz import plot_history, plot_kernel_reg, show_heatmaps
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=50, help="SGD epochs for parametric NW")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="example:\n  python examples/nw_regression.py --out runs/nw",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=50,
+                        help="SGD epochs for parametric NW (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=50,
-                        help="training queries per SGD step (50 = the whole training set)")
-    parser.add_argument("--learning-rate", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/nw_regression", help="output directory")
+                        help="training queries per SGD step; 50 = the whole training set "
+                             "(default: %(default)s)")
+    parser.add_argument("--learning-rate", type=float, default=0.5,
+                        help="SGD learning rate (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument("--out", default="runs/nw_regression",
+                        help="output directory (default: %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -94,16 +106,29 @@ def main(argv=None) -> dict:
         "final_train_loss": float(history.history["loss"][-1]),
         "train_seconds": train_seconds,
     }
+    width = metrics["learned_width"]
+    labels = {
+        "average_pooling": "average pooling: f(x) = mean(y_i)",
+        "nonparametric_nw": "nonparametric NW pooling (w = 1)",
+        "parametric_nw": f"parametric NW pooling (learned w = {width:.2f})",
+    }
     for name, y_hat in (("average_pooling", y_avg), ("nonparametric_nw", y_np),
                         ("parametric_nw", y_param)):
         plot_kernel_reg(data.x_test, data.y_truth, np.asarray(y_hat).reshape(-1),
                         data.x_train, data.y_train,
-                        path=os.path.join(args.out, f"fit_{name}.png"), title=name)
-    for name, weights in (("nonparametric_nw", w_np), ("parametric_nw", w_param)):
-        show_heatmaps(np.asarray(weights)[None], xlabel="Sorted training inputs",
-                      ylabel="Sorted testing inputs", titles=[name],
-                      path=os.path.join(args.out, f"attention_{name}.png"), figsize=(4, 4))
-    plot_history(history, path=os.path.join(args.out, "history.png"))
+                        path=os.path.join(args.out, f"fit_{name}.png"),
+                        title=f"{labels[name]}\ntest MSE {metrics['test_mse'][name]:.4f}")
+    # One colour scale for both maps, so that they can be compared with each other.
+    maps = {"nonparametric_nw": np.asarray(w_np), "parametric_nw": np.asarray(w_param)}
+    top = max(float(weights.max()) for weights in maps.values())
+    for name, weights in maps.items():
+        show_heatmaps(weights.reshape((1, 1) + weights.shape[-2:]), xlabel="training inputs x_i (keys)",
+                      ylabel="test inputs x (queries)",
+                      suptitle=labels[name],
+                      path=os.path.join(args.out, f"attention_{name}.png"), figsize=(5, 4.5),
+                      vmin=0.0, vmax=top, xvalues=data.x_train, yvalues=data.x_test)
+    plot_history(history, path=os.path.join(args.out, "history.png"),
+                 title="parametric NW: leave-one-out training loss (MSE)")
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
 

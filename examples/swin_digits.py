@@ -3,11 +3,14 @@
 Each 8 × 8 image becomes an 8 × 8 grid of tokens (patch size 1). Two Swin blocks with 4 × 4
 windows (the second shifted by 2) attend within windows, `PatchMerging` halves the grid to
 4 × 4, two more blocks follow, then average pooling and a linear classifier. Trained with
-`model.fit` on images shifted at random by up to one pixel; writes OUT/metrics.json, attention
-heatmaps of a few windows, and exports a SavedModel (`serve` signature) that is reloaded with
+`model.fit` on images shifted at random by up to one pixel. Writes everything into OUT:
+metrics.json, history.png (loss and accuracy per epoch), the attention heatmaps of the first two
+blocks for one test image (attention_block1_windows.png, attention_block2_shifted_windows.png:
+every window and head), and saved_model/, a SavedModel (`serve` signature) that is reloaded with
 `tf.saved_model.load` and checked.
 
     python examples/swin_digits.py --out runs/swin_digits
+    python examples/swin_digits.py --smoke --epochs 1 --out /tmp/sw
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import json
 import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from example_utils import check_run_dirs, clear_export_dir, import_tensorflow_quietly
+
+import_tensorflow_quietly()
 
 import keras
 import numpy as np
@@ -26,22 +31,40 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from keras_attn.layers import PatchEmbedding, PatchMerging, SwinBlock
-from keras_attn.viz import show_heatmaps
+from keras_attn.viz import plot_history, show_heatmaps
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=90)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--embed-dim", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/swin_digits", help="output directory")
-    parser.add_argument("--export-dir", default="saved_models/swin_digits",
-                        help="where the SavedModel goes")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="examples:\n  python examples/swin_digits.py --out runs/swin_digits\n"
+               "  python examples/swin_digits.py --smoke --epochs 1 --out /tmp/sw",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=90, help="(default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
+    parser.add_argument("--learning-rate", type=float, default=3e-3,
+                        help="peak AdamW learning rate, after a warm-up and cosine-decayed "
+                             "(default: %(default)s)")
+    parser.add_argument("--embed-dim", type=int, default=32,
+                        help="token width of the first two blocks, doubled by the patch "
+                             "merging (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument("--out", default="runs/swin_digits",
+                        help="directory for everything the run makes: metrics.json, PNGs and "
+                             "the SavedModel (default: %(default)s)")
+    parser.add_argument("--export-dir", default=None,
+                        help="SavedModel directory (default: OUT/saved_model)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results and SavedModel of an earlier run in OUT "
+                             "(default: refuse)")
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run on 200 training and 100 test images, for tests")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.export_dir = args.export_dir or os.path.join(args.out, "saved_model")
+    problem = check_run_dirs(args.out, args.export_dir, args.overwrite)
+    if problem:
+        parser.error(problem)
+    return args
 
 
 def load_data(seed: int, smoke: bool):
@@ -86,19 +109,29 @@ def build_trainer(model: keras.Model) -> keras.Model:
     )
 
 
-def draw_attention(model: keras.Model, images, out_dir: str) -> list[str]:
-    """Heatmaps of the 4 windows × 2 heads of the first two blocks for one image."""
-    tokens = model.get_layer("patch_embedding")(images[:1])
+def draw_attention(model: keras.Model, images, labels, out_dir: str) -> list[str]:
+    """Heatmaps of the 4 windows × 2 heads of the first two blocks for one test image."""
+    image = images[:1]
+    predicted = int(np.argmax(keras.ops.convert_to_numpy(model(image, training=False))[0]))
+    tokens = model.get_layer("patch_embedding")(image)
     block1, block2 = model.get_layer("block1"), model.get_layer("block2")
     tokens, plain = block1(tokens, return_attention_scores=True)
     _, shifted = block2(tokens, return_attention_scores=True)  # (1, nW, H, 16, 16)
     paths = []
-    for name, weights in (("block1_windows", plain), ("block2_shifted_windows", shifted)):
+    for name, weights, what in (
+        ("block1_windows", plain, "block 1: attention within each 4 × 4 window"),
+        ("block2_shifted_windows", shifted,
+         ("block 2: attention within each 4 × 4 window of the grid shifted by 2 (masked "
+          "where the cyclic shift put unrelated tokens together)")),
+    ):
         weights = keras.ops.convert_to_numpy(weights)[0]  # (nW, H, 16, 16)
-        titles = [f"head {h}" for h in range(weights.shape[1])]
-        paths.append(show_heatmaps(weights, "Keys (token in window)", "Queries", titles=titles,
-                                   path=os.path.join(out_dir, f"attention_{name}.png"),
-                                   figsize=(5, 9)))
+        titles = [f"head {h + 1}" for h in range(weights.shape[1])]
+        rows = [f"window {w + 1}" for w in range(weights.shape[0])]
+        paths.append(show_heatmaps(
+            weights, "key token (its place in the 4 × 4 window, row by row)", "query token",
+            titles=titles, row_titles=rows,
+            suptitle=f"Swin {what}\ntest image 0: digit {int(labels[0])}, predicted {predicted}",
+            path=os.path.join(out_dir, f"attention_{name}.png")))
     return paths
 
 
@@ -135,7 +168,13 @@ def main(argv=None) -> dict:
     train_seconds = time.perf_counter() - start
     test_loss, test_accuracy = trainer.evaluate(x_test, y_test, verbose=0)  # no augmentation
 
-    heatmaps = draw_attention(model, x_test, args.out)
+    heatmaps = draw_attention(model, x_test, y_test, args.out)
+    plot_history(history, path=os.path.join(args.out, "history.png"),
+                 metrics=["loss", "accuracy"],
+                 title="Swin on 8 × 8 digits: cross-entropy and accuracy (validation: 10% of "
+                       "the training images)")
+    if args.overwrite:
+        clear_export_dir(args.export_dir)
     export_diff = export_and_check(model, args.export_dir, x_test)
     metrics = {
         "test_accuracy": float(test_accuracy),

@@ -5,12 +5,27 @@ The exported graph holds the whole path from text to text: the source standardiz
 the static key/value cache, and the detokenization. A consumer loads it with
 `tf.saved_model.load(path)` and needs neither keras_attn nor Keras:
 
-    translator = tf.saved_model.load("saved_models/transformer_dates")
-    translator.signatures["translate"](text=tf.constant(["march 3rd, 2021"]))["translation"]
+    translator = tf.saved_model.load("runs/transformer/saved_model")
+    out = translator.signatures["translate"](text=tf.constant(["march 3rd, 2021"]))
+    out["translation"], out["score"], out["truncated"]
 
 Two signatures are written:
 
-- `translate`: `text` (tf.string, `[None]`) → `translation` (tf.string, `[None]`).
+- `translate`: `text` (tf.string, `[None]`) → a dict of three `[None]` tensors:
+    - `translation` (tf.string): the output tokens joined by `joiner`.
+    - `score` (float32): how sure the model is of that translation, the log-probability of
+      its tokens (`<eos>` included) divided by GNMT's length normaliser
+      `((5 + |Y|) / 6) ** length_penalty`, the quantity beam search ranks by. It is at most 0
+      (0 = certain). Input unlike anything the model was trained on (for a dates model: text
+      that is no date) scores clearly lower than held-out inputs of the training
+      distribution, so a consumer can flag or reject outputs under a threshold chosen on
+      held-out data. It is the model's confidence, not a check of the input: input close to
+      the training data but outside it (an impossible date) can get a confident, wrong
+      translation. An input with no tokens (empty or whitespace only) gets the empty
+      translation and the score `-inf`: there is nothing to translate.
+    - `truncated` (bool): True when the input has more tokens (after standardization) than the
+      model's source length `Ls`; the translation is then of the first `Ls` tokens only, so
+      the flag must be checked.
 - `serve`: the plain forward pass, `source_ids` (int32, `[None, Ls]`) and `target_in_ids`
   (int32, `[None, Lt]`) → `logits` (float32, `[None, Lt, vocab]`), as Keras' `model.export` does.
 """
@@ -23,8 +38,11 @@ import keras
 import tensorflow as tf
 
 from keras_attn import decoding
-from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_number, check_positive_int
 from keras_attn.tokens import FIRST_WORD_ID, UNK_ID
+
+# Splits of `TextVectorization` whose token count the exported graph reproduces exactly.
+_SPLITS = ("whitespace", "character")
 
 
 def _check_vectorizer(name: str, vectorizer) -> None:
@@ -33,11 +51,28 @@ def _check_vectorizer(name: str, vectorizer) -> None:
             f"Argument `{name}` must be a keras.layers.TextVectorization. "
             f"Received: {name}={vectorizer!r}"
         )
-    if vectorizer.get_config()["output_sequence_length"] is None:
+    config = vectorizer.get_config()
+    if config["output_sequence_length"] is None:
         raise ValueError(
             f"Argument `{name}` must have a fixed `output_sequence_length` (the exported "
             "signatures have static lengths). Received: output_sequence_length=None"
         )
+    if name == "source_vectorizer" and (
+        config["standardize"] is not None or config["split"] not in _SPLITS
+    ):
+        raise ValueError(
+            "Argument `source_vectorizer` must have `standardize=None` and `split` in "
+            f"{_SPLITS} (pass the preprocessing as `standardize`), so that the exported "
+            "signature can count the source tokens and flag inputs it truncates. Received: "
+            f"standardize={config['standardize']!r}, split={config['split']!r}"
+        )
+
+
+def _count_tokens(tokens: tf.Tensor, split: str) -> tf.Tensor:
+    """Number of tokens the source vectorizer sees in each string of `tokens` `(B,)`."""
+    if split == "character":
+        return tf.cast(tf.strings.length(tokens, unit="UTF8_CHAR"), "int32")
+    return tf.cast(tf.strings.split(tokens).row_lengths(), "int32")  # whitespace runs
 
 
 def make_translate_fn(
@@ -49,28 +84,50 @@ def make_translate_fn(
     length_penalty: float = 0.6,
     standardize: Callable[[tf.Tensor], tf.Tensor] | None = None,
     joiner: str = " ",
-) -> Callable[[tf.Tensor], tf.Tensor]:
-    """The graph function `text (B,) string -> translation (B,) string` that gets exported.
+) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
+    """The graph function behind the exported `translate` signature.
 
     Useful on its own to translate in Python with exactly the exported computation.
     Arguments are those of `export_translator`.
+
+    Returns:
+        A function of a string tensor `text` `(B,)` returning a dict with `translation`
+        (tf.string `(B,)`), `score` (float32 `(B,)`) and `truncated` (bool `(B,)`), as
+        described in the module docstring.
     """
+    _check_vectorizer("source_vectorizer", source_vectorizer)
+    check_positive_int("beam_size", beam_size)
+    check_positive_int("max_length", max_length)
+    check_number("length_penalty", length_penalty, 0)
+    config = source_vectorizer.get_config()
+    source_length, split = config["output_sequence_length"], config["split"]
     vocabulary = tf.constant(list(target_vocabulary))
 
-    def translate(text: tf.Tensor) -> tf.Tensor:
+    def translate(text: tf.Tensor) -> dict[str, tf.Tensor]:
         tokens = standardize(text) if standardize is not None else text
+        num_tokens = _count_tokens(tokens, split)  # (B,)
         source_ids = tf.cast(source_vectorizer(tokens), "int32")  # (B, Ls), PAD_ID = padding
         if beam_size == 1:
-            ids = decoding.greedy_search(model, source_ids, max_length)
+            ids, scores = decoding.greedy_search(model, source_ids, max_length,
+                                                 return_scores=True,
+                                                 length_penalty=length_penalty)
         else:
-            ids = decoding.beam_search(model, source_ids, max_length, beam_size=beam_size,
-                                       length_penalty=length_penalty)
+            ids, scores = decoding.beam_search(model, source_ids, max_length,
+                                               beam_size=beam_size,
+                                               length_penalty=length_penalty,
+                                               return_scores=True)
         ids = tf.cast(ids, "int32")  # (B, max_length): tokens, <eos>, then padding
         words = tf.gather(vocabulary, ids)  # (B, max_length) strings
         # Words and [UNK] are kept; padding, <bos> and <eos> are dropped.
         keep = tf.logical_or(ids >= FIRST_WORD_ID, tf.equal(ids, UNK_ID))
-        return tf.strings.reduce_join(tf.ragged.boolean_mask(words, keep), axis=-1,
-                                      separator=joiner)  # (B,)
+        translation = tf.strings.reduce_join(tf.ragged.boolean_mask(words, keep), axis=-1,
+                                             separator=joiner)  # (B,)
+        empty = tf.equal(num_tokens, 0)  # (B,): nothing to translate
+        return {
+            "translation": tf.where(empty, tf.constant(""), translation),
+            "score": tf.where(empty, tf.constant(float("-inf")), tf.cast(scores, "float32")),
+            "truncated": num_tokens > source_length,
+        }
 
     return translate
 
@@ -90,13 +147,16 @@ def export_translator(
 
     Args:
         model: a seq2seq model from `keras_attn.models` (layers named "encoder" and "decoder").
-        source_vectorizer: the source `TextVectorization` (fixed output length `Ls`).
+        source_vectorizer: the source `TextVectorization` (fixed output length `Ls`,
+            `standardize=None`, `split="whitespace"` or `"character"`, as
+            `keras_attn.data.build_vectorizer` makes them).
         target_vectorizer: the target `TextVectorization`; its vocabulary detokenizes.
         path: str, the SavedModel directory to write.
         max_length: int, most tokens to generate. Defaults to the target vectorizer's
             output length.
         beam_size: int, 1 for greedy search, more for beam search. Defaults to `1`.
-        length_penalty: float, GNMT length-penalty exponent of beam search. Defaults to `0.6`.
+        length_penalty: float >= 0, GNMT length-penalty exponent of the scores (and of beam
+            search's ranking). Defaults to `0.6`.
         standardize: optional function of a `(B,)` string tensor written with `tf.strings` ops
             that turns raw text into space-separated tokens, the preprocessing the model was
             trained with (e.g. `TranslationData.standardize_tf`). Defaults to `None` (the text
@@ -107,8 +167,10 @@ def export_translator(
     Returns:
         `path`.
 
-    Serving never fails on odd input: empty strings give a (possibly empty) translation, long
-    inputs are truncated to the source length, unknown words map to the unknown id.
+    Serving never fails on odd input, and never hides it: an empty or whitespace-only input
+    gives the empty translation with score `-inf`; an input longer than `Ls` tokens is
+    translated from its first `Ls` tokens with `truncated=True`; unknown words map to the
+    unknown id and usually lower the score. See the module docstring for the outputs.
     """
     _check_vectorizer("source_vectorizer", source_vectorizer)
     _check_vectorizer("target_vectorizer", target_vectorizer)
@@ -127,7 +189,7 @@ def export_translator(
     archive.track(source_vectorizer)
     archive.add_endpoint(
         name="translate",
-        fn=lambda text: {"translation": translate(text)},
+        fn=translate,
         input_signature=[tf.TensorSpec([None], tf.string, name="text")],
     )
     archive.add_endpoint(

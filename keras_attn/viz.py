@@ -1,17 +1,26 @@
 """Plots that write PNG files: attention heatmaps, kernel regression fits, training curves.
 
 Figures are built as `matplotlib.figure.Figure` objects and saved with the Agg renderer, so the
-module works headless and importing it never changes pyplot's global backend.
+module works headless and importing it never changes pyplot's global backend. Every plot says
+what it shows: titles, axis labels, a labelled colorbar, a legend.
 """
 
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import keras
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+# Heatmap sizing: a cell is between these sizes (inches); the panels together stay within
+# MAX_WIDTH x MAX_HEIGHT inches, and tick labels are sized to their cell.
+_CELL_MIN, _CELL_MAX = 0.1, 0.35
+_MAX_WIDTH, _MAX_HEIGHT = 14.0, 10.0
+_POINTS_PER_INCH = 72.0
 
 
 def _to_numpy(name: str, value) -> np.ndarray:
@@ -30,33 +39,89 @@ def _save(fig: Figure, path: str) -> str:
     return path
 
 
+def _check_length(name: str, values, expected: int, shape) -> None:
+    if values is not None and len(values) != expected:
+        raise ValueError(
+            f"Argument `{name}` must have {expected} entries to match `matrices`. "
+            f"Received: len({name})={len(values)}, matrices.shape={shape}"
+        )
+
+
+def _edges(name: str, values, expected: int, shape) -> np.ndarray:
+    """Cell edges around sorted numeric positions: midpoints, and half a gap at both ends."""
+    _check_length(name, values, expected, shape)
+    centers = _to_numpy(name, values).reshape(-1)
+    if np.any(np.diff(centers) <= 0) or not np.all(np.isfinite(centers)):
+        raise ValueError(
+            f"Argument `{name}` must be finite and strictly increasing (positions of the "
+            f"cells). Received: {name}={centers.tolist()}"
+        )
+    if len(centers) == 1:
+        return np.array([centers[0] - 0.5, centers[0] + 0.5])
+    middle = (centers[1:] + centers[:-1]) / 2
+    return np.concatenate([[2 * centers[0] - middle[0]], middle,
+                           [2 * centers[-1] - middle[-1]]])
+
+
+def _wrap(text: str, width_inches: float, fontsize: float) -> str:
+    """Wraps each line of `text` to the characters that fit `width_inches` at `fontsize`."""
+    chars = max(20, int(width_inches * _POINTS_PER_INCH / (0.5 * fontsize)))
+    return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
+
+
 def show_heatmaps(
     matrices,
     xlabel: str,
     ylabel: str,
     titles: Sequence[str] | None = None,
     path: str = "heatmaps.png",
-    figsize: tuple[float, float] = (2.5, 2.5),
+    figsize: tuple[float, float] | None = None,
     cmap: str = "Reds",
     xticklabels: Sequence[str] | None = None,
     yticklabels: Sequence[str] | None = None,
+    suptitle: str | None = None,
+    row_titles: Sequence[str] | None = None,
+    colorbar_label: str = "attention weight",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    xvalues=None,
+    yvalues=None,
 ) -> str:
-    """Draws a grid of attention-weight heatmaps with one shared colorbar (d2l's `show_heatmaps`).
+    """Draws a grid of attention-weight heatmaps with one shared, labelled colorbar.
 
-    All panels share one color scale, so the colorbar is true for every panel.
+    All panels share one colour scale, so the colorbar is true for every panel; pass the same
+    `vmin` and `vmax` to figures that are meant to be compared with each other. The axis labels
+    appear once for the whole grid, and tick labels are sized to their cells, so 1 to 8 panels
+    side by side stay readable.
 
     Args:
         matrices: array or tensor `(num_rows, num_cols, num_queries, num_keys)`, e.g.
             `(num_layers, num_heads, T, S)` attention weights.
-        xlabel: str, label of the key axis (bottom row only).
-        ylabel: str, label of the query axis (first column only).
-        titles: list of `num_cols` column titles. Defaults to `None`.
+        xlabel: str, label of the key axis (once, under the grid).
+        ylabel: str, label of the query axis (once, left of the grid).
+        titles: list of `num_cols` column titles, shown above the top row. Defaults to `None`.
         path: str, PNG file to write. Defaults to `"heatmaps.png"`.
-        figsize: `(width, height)` of the whole figure in inches, as in d2l.
-            Defaults to `(2.5, 2.5)`.
+        figsize: `(width, height)` of the whole figure in inches. Defaults to `None`: sized
+            from the number of cells (at most 14 x 10 inches of panels).
         cmap: str, matplotlib colormap. Defaults to `"Reds"`.
         xticklabels: list of `num_keys` key tokens, used for every panel. Defaults to `None`.
         yticklabels: list of `num_queries` query tokens, used for every panel. Defaults to `None`.
+        suptitle: str, what the figure shows (e.g. the input and the prediction), above the
+            grid; wrapped to the figure's width. Defaults to `None`.
+        row_titles: list of `num_rows` row names (e.g. `"layer 1"`), left of each row.
+            Defaults to `None`.
+        colorbar_label: str, label of the colorbar. Defaults to `"attention weight"`.
+        vmin: float, value at the bottom of the colour scale. Defaults to `None`: 0 when no
+            entry is negative (attention weights: near-uniform weights then look uniform instead
+            of being stretched over the colormap), else the smallest entry.
+        vmax: float, value at the top of the colour scale. Defaults to `None` (the largest
+            entry). Entries outside `[vmin, vmax]` get the end colours and the colorbar shows an
+            arrow at that end, so the clipping is visible.
+        xvalues: optional `num_keys` strictly increasing numbers, the positions of the keys
+            (e.g. the training inputs `x_i` of kernel regression): the x axis is then numeric
+            in these units instead of one cell per index. Defaults to `None`.
+        yvalues: optional `num_queries` positions of the queries, as `xvalues`.
+            Defaults to `None`.
 
     Returns:
         str, `path`.
@@ -72,34 +137,88 @@ def show_heatmaps(
             f"Received: matrices.shape={matrices.shape}"
         )
     num_rows, num_cols, num_queries, num_keys = matrices.shape
+    shape = matrices.shape
     for name, labels, expected in (
         ("titles", titles, num_cols),
+        ("row_titles", row_titles, num_rows),
         ("xticklabels", xticklabels, num_keys),
         ("yticklabels", yticklabels, num_queries),
     ):
-        if labels is not None and len(labels) != expected:
+        _check_length(name, labels, expected, shape)
+    x_edges = None if xvalues is None else _edges("xvalues", xvalues, num_keys, shape)
+    y_edges = None if yvalues is None else _edges("yvalues", yvalues, num_queries, shape)
+    smallest = float(np.nanmin(matrices))
+    low = min(0.0, smallest) if vmin is None else float(vmin)
+    high = float(np.nanmax(matrices)) if vmax is None else float(vmax)
+    if not high > low:
+        if vmin is not None or vmax is not None:
             raise ValueError(
-                f"Argument `{name}` must have {expected} entries to match `matrices`. "
-                f"Received: len({name})={len(labels)}, matrices.shape={matrices.shape}"
+                "Arguments `vmin` and `vmax` must satisfy vmin < vmax. "
+                f"Received: vmin={vmin!r}, vmax={vmax!r} (data range {np.nanmin(matrices)} to "
+                f"{np.nanmax(matrices)})"
             )
-    fig = Figure(figsize=figsize)
+        high = low + 1.0  # constant matrices: any scale shows them
+    extend = {(False, False): "neither", (True, False): "min", (False, True): "max",
+              (True, True): "both"}[(bool(np.nanmin(matrices) < low),
+                                     bool(np.nanmax(matrices) > high))]
+
+    # Cell size in inches: as large as fits, within [_CELL_MIN, _CELL_MAX]; tick labels are
+    # sized to their cell, and the figure leaves room for every text around the panels.
+    if figsize is None:
+        cell = min(_CELL_MAX, _MAX_WIDTH / (num_cols * num_keys),
+                   _MAX_HEIGHT / (num_rows * num_queries))
+        cell = max(cell, _CELL_MIN)
+    else:
+        cell = min((figsize[0] - 2.0) / (num_cols * num_keys),
+                   (figsize[1] - 1.5) / (num_rows * num_queries))
+        cell = max(cell, 0.03)
+    tick_size = float(np.clip(0.75 * cell * _POINTS_PER_INCH, 4.0, 10.0))
+    if figsize is None:
+        def text_inches(labels, size):  # the longest label, written along its length
+            longest = max((len(str(label)) for label in labels or ()), default=2)
+            return longest * 0.62 * size / _POINTS_PER_INCH
+
+        width = num_cols * num_keys * cell + text_inches(yticklabels, tick_size) + 2.0
+        suptitle_lines = 0
+        if suptitle:
+            suptitle_lines = _wrap(suptitle, width, 11).count("\n") + 1
+        height = (num_rows * num_queries * cell + text_inches(xticklabels, tick_size)
+                  + suptitle_lines * 1.5 * 11 / _POINTS_PER_INCH + 1.2)
+        figsize = (width, height)
+    fig = Figure(figsize=figsize, layout="constrained")
     axes = fig.subplots(num_rows, num_cols, sharex=True, sharey=True, squeeze=False)
-    vmin, vmax = float(np.min(matrices)), float(np.max(matrices))
     for i in range(num_rows):
         for j in range(num_cols):
             ax = axes[i, j]
-            image = ax.imshow(matrices[i, j], cmap=cmap, vmin=vmin, vmax=vmax)
-            if i == num_rows - 1:
-                ax.set_xlabel(xlabel)
-            if j == 0:
-                ax.set_ylabel(ylabel)
-            if titles is not None:
-                ax.set_title(titles[j])
+            if x_edges is None and y_edges is None:
+                image = ax.imshow(matrices[i, j], cmap=cmap, vmin=low, vmax=high)
+            else:
+                xs = np.arange(num_keys + 1) - 0.5 if x_edges is None else x_edges
+                ys = np.arange(num_queries + 1) - 0.5 if y_edges is None else y_edges
+                image = ax.pcolormesh(xs, ys, matrices[i, j], cmap=cmap, vmin=low, vmax=high)
+                ax.set_xlim(xs[0], xs[-1])
+                ax.set_ylim(ys[-1], ys[0])  # queries downwards, as imshow draws them
+                ax.set_box_aspect(num_queries / num_keys)
+            if titles is not None and i == 0:
+                ax.set_title(titles[j], fontsize=10)
+            if row_titles is not None and j == 0:
+                ax.set_ylabel(row_titles[i], fontsize=10)
             if xticklabels is not None:
-                ax.set_xticks(range(num_keys), labels=list(xticklabels), rotation=90)
+                ax.set_xticks(range(num_keys), labels=list(xticklabels), rotation=90,
+                              fontsize=tick_size)
             if yticklabels is not None:
-                ax.set_yticks(range(num_queries), labels=list(yticklabels))
-    fig.colorbar(image, ax=axes, shrink=0.6)
+                ax.set_yticks(range(num_queries), labels=list(yticklabels), fontsize=tick_size)
+    if num_cols == 1 and num_rows == 1 and row_titles is None:
+        axes[0, 0].set_xlabel(xlabel)
+        axes[0, 0].set_ylabel(ylabel)
+    else:
+        fig.supxlabel(xlabel, fontsize=10)
+        fig.supylabel(ylabel, fontsize=10)
+    colorbar = fig.colorbar(image, ax=axes, shrink=0.8 if num_rows > 1 else 1.0,
+                            extend=extend, aspect=max(10, 20 * min(num_rows, 2)))
+    colorbar.set_label(colorbar_label)
+    if suptitle:
+        fig.suptitle(_wrap(suptitle, figsize[0], 11), fontsize=11)
     return _save(fig, path)
 
 
@@ -114,6 +233,8 @@ def plot_kernel_reg(
 ) -> str:
     """Plots a kernel regression fit as in d2l: truth and prediction lines, training points.
 
+    The axes cover every point drawn; the legend names the three series.
+
     Args:
         x_test: array `(n_test,)` of test inputs.
         y_truth: array `(n_test,)`, true function values.
@@ -121,7 +242,7 @@ def plot_kernel_reg(
         x_train: array `(n_train,)` of training inputs.
         y_train: array `(n_train,)` of noisy training targets.
         path: str, PNG file to write. Defaults to `"kernel_regression.png"`.
-        title: str, figure title. Defaults to `None`.
+        title: str, figure title, e.g. the method and its test MSE. Defaults to `None`.
 
     Returns:
         str, `path`.
@@ -147,25 +268,30 @@ def plot_kernel_reg(
             "Argument `y_train` must have as many values as `x_train`. "
             f"Received: y_train.shape={y_train.shape}, x_train.shape={x_train.shape}"
         )
-    fig = Figure(figsize=(3.5, 2.5))
+    fig = Figure(figsize=(4.5, 3.2), layout="constrained")
     ax = fig.subplots()
-    ax.plot(x_test, y_truth, label="Truth")
-    ax.plot(x_test, y_hat, linestyle="--", label="Pred")
-    ax.plot(x_train, y_train, "o", alpha=0.5)
+    ax.plot(x_train, y_train, "o", color="tab:green", alpha=0.5, markersize=4,
+            label="training data (noisy)")
+    ax.plot(x_test, y_truth, color="tab:blue", label="true function")
+    ax.plot(x_test, y_hat, color="tab:orange", linestyle="--", label="prediction")
     ax.set_xlabel("x")
     ax.set_ylabel("y")
-    ax.set_xlim(0, 5)
-    ax.set_ylim(-1, 5)
-    ax.legend()
+    ax.legend(fontsize=8)
     if title:
-        ax.set_title(title)
+        ax.set_title(_wrap(title, 4.5, 10), fontsize=10)
     return _save(fig, path)
 
 
 def plot_history(
-    history, path: str = "history.png", metrics: Sequence[str] | None = None
+    history,
+    path: str = "history.png",
+    metrics: Sequence[str] | None = None,
+    title: str | None = None,
 ) -> str:
     """Plots training curves, one panel per metric, with its `val_` curve when present.
+
+    Epochs are numbered from 1 on an integer axis; each panel names its metric on the y axis
+    and tells the training curve from the validation curve in its legend.
 
     Args:
         history: a `keras.callbacks.History` (what `model.fit` returns) or a dict of lists,
@@ -173,6 +299,7 @@ def plot_history(
         path: str, PNG file to write. Defaults to `"history.png"`.
         metrics: list of metric names to plot. Defaults to `None` (every key not starting
             with `val_`).
+        title: str, title of the whole figure. Defaults to `None`.
 
     Returns:
         str, `path`.
@@ -191,18 +318,26 @@ def plot_history(
             f"Argument `metrics` must name keys of `history`. Received: metrics={list(metrics)}, "
             f"history keys={list(logs)}"
         )
-    fig = Figure(figsize=(3.5 * len(metrics), 2.5))
+    fig = Figure(figsize=(3.8 * len(metrics), 3.0), layout="constrained")
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     for ax, name in zip(axes, metrics):
         values = np.asarray(logs[name], dtype=np.float64)
-        epochs = np.arange(1, len(values) + 1)
-        ax.plot(epochs, values, label=name)
+        ax.plot(np.arange(1, len(values) + 1), values, marker="o", markersize=3,
+                label="training")
         if f"val_{name}" in logs:
             val = np.asarray(logs[f"val_{name}"], dtype=np.float64)
-            ax.plot(
-                np.arange(1, len(val) + 1), val, linestyle="--", label=f"val_{name}"
-            )
+            ax.plot(np.arange(1, len(val) + 1), val, marker="o", markersize=3,
+                    linestyle="--", label="validation")
+        num_epochs = max(len(values), len(logs.get(f"val_{name}", ())))
+        ax.set_xlim(0.5, num_epochs + 0.5)  # epochs 1 to n, no epoch 0
+        if num_epochs <= 10:  # every epoch gets its tick (a locator would show 0.95 ... 1.05)
+            ax.set_xticks(range(1, num_epochs + 1))
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
-        ax.set_title(name)
-        ax.legend()
+        ax.set_ylabel(name)
+        ax.set_title(name.replace("_", " "))
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
     return _save(fig, path)

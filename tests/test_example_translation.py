@@ -1,11 +1,14 @@
-"""The translation examples in smoke runs: metrics.json, heatmaps, export, mirrored, resume.
+"""The translation examples: `--help`, run directories, and smoke runs (metrics.json, heatmaps,
+export inside OUT, a clean console, mirrored strategy, resume).
 
 The full default runs (quality targets) are `slow` tests.
 """
 
+import ast
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -13,34 +16,109 @@ import pytest
 
 pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
 SMOKE = ["--num-examples", "300", "--epochs", "1", "--max-test", "20", "--batch-size", "64"]
+# The scripts import this checkout's keras_attn, not another installed copy.
+ENV = {**os.environ, "CI": "1",
+       "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")]
+                                                    if p])}
+# Lines a script must never show a newcomer: TensorFlow start-up noise and Keras' warning for
+# `shuffle=True` with a tf.data.Dataset.
+NOISE = re.compile(r"cuInit|cuda drivers|oneDNN|absl::InitializeLog|cpu_feature_guard|"
+                   r"shuffle=True")
 
 
-def run_example(script, tmp_path, *args, check=True):
-    out, export = tmp_path / "out", tmp_path / "export"
+def run_example(script, tmp_path, *args, check=True, out=None):
+    out = out or tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), "--out", str(out), "--export-dir", str(export),
-         *args],
-        capture_output=True, text=True, timeout=1500, cwd=str(tmp_path),
-        env={**os.environ, "CI": "1"}, check=False,
+        [sys.executable, str(EXAMPLES / script), "--out", str(out), *args],
+        capture_output=True, text=True, timeout=1500, cwd=str(tmp_path), env=ENV, check=False,
     )
     if check:
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return result, out, export
+    return result, out
 
 
-def check_outputs(out, export):
+def check_outputs(out, export=None):
+    export = export or out / "saved_model"
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("exact_match", "bleu", "train_seconds", "num_test"):
         assert key in metrics
-    assert 0.0 <= metrics["exact_match"] <= 1.0 and 0.0 <= metrics["bleu"] <= 1.0
+    assert 0.0 <= metrics["exact_match"] <= 1.0
+    assert 0.0 <= metrics["bleu"] <= 100.0 and metrics["bleu_scale"] == "0-100"
     assert metrics["export_matches_python"] is True
+    assert metrics["export_dir"] == str(export)
     assert (export / "saved_model.pb").exists()
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert "history.png" in pngs and "attention_0.png" in pngs
     assert all((out / p).stat().st_size > 2000 for p in pngs)
     return metrics
+
+
+def help_text(script):
+    result = subprocess.run([sys.executable, str(EXAMPLES / script), "--help"],
+                            capture_output=True, text=True, timeout=120, env=ENV, check=False)
+    assert result.returncode == 0, result.stderr
+    return " ".join(result.stdout.split())  # argparse wraps lines where it likes
+
+
+def test_help_shows_every_default_the_model_flags_and_the_date_formats():
+    text = help_text("transformer_translation.py")
+    for expected in (("--epochs EPOCHS training epochs (default: 14 for the built-in dates, "
+                      "15 for --data/--download)"),
+                     "(default: 128)",  # batch size, the same for both tasks
+                     "(default: 0.002 for the built-in dates, 0.0005 for --data/--download)",
+                     ("(default: runs/transformer for the built-in dates, "
+                      "runs/transformer_tatoeba for --data/--download)"),
+                     "SavedModel directory (default: OUT/saved_model)",
+                     "--num-layers NUM_LAYERS", "--embed-dim EMBED_DIM",
+                     "--num-heads NUM_HEADS", "--ffn-dim FFN_DIM", "--overwrite",
+                     "examples: python examples/transformer_translation.py --out runs/transformer",
+                     "the 3rd of march, 2021", "march 3, '21", "2021-3-3",
+                     "dots are day first"):
+        assert expected in text, expected
+    assert "default: None" not in text
+    text = help_text("bahdanau_translation.py")
+    assert "--units UNITS size of the GRU states and of the attention (default: 128 for the " \
+           "built-in dates, 256 for --data/--download)" in text
+    assert "--num-heads" not in text
+
+
+def test_help_lists_the_formats_of_the_dates_module():
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import translation_common
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    from keras_attn.data.dates import FORMATS, describe_formats
+
+    assert translation_common.DATES_HELP == describe_formats()
+    assert f"reads {len(FORMATS)} formats" in describe_formats()
+
+
+def test_a_run_never_replaces_an_earlier_run(tmp_path):
+    """Refused before any training: an earlier run's results, or an export directory that is
+    not a SavedModel (never deleted, even with --overwrite)."""
+    out = tmp_path / "earlier"
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    result, _ = run_example("transformer_translation.py", tmp_path, out=out, check=False)
+    assert result.returncode == 2
+    assert "already holds the results of an earlier run" in result.stderr
+    assert "--overwrite" in result.stderr
+    (out / "metrics.json").unlink()
+    (out / "saved_model").mkdir()
+    (out / "saved_model" / "saved_model.pb").write_bytes(b"")
+    result, _ = run_example("transformer_translation.py", tmp_path, out=out, check=False)
+    assert result.returncode == 2 and "already holds a SavedModel" in result.stderr
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me")
+    result, _ = run_example("bahdanau_translation.py", tmp_path, "--export-dir", str(notes),
+                            "--overwrite", check=False)
+    assert result.returncode == 2 and "is not a SavedModel directory" in result.stderr
+    assert (notes / "todo.txt").read_text() == "keep me"
 
 
 SUBJECTS = [("i am", "je suis"), ("you are", "tu es"), ("he is", "il est"),
@@ -61,40 +139,76 @@ def write_pairs_file(path):
     return path
 
 
-@pytest.mark.parametrize("script,data", [("transformer_translation.py", "dates"),
-                                         ("bahdanau_translation.py", "pairs")])
-def test_translation_example_smoke(script, data, tmp_path):
-    extra = ["--data", str(write_pairs_file(tmp_path / "fra.txt"))] if data == "pairs" else []
-    result, out, export = run_example(script, tmp_path, *SMOKE, *extra)
-    metrics = check_outputs(out, export)
-    assert metrics["epochs_run"] == 1
-    assert metrics["task"] == ("dates" if data == "dates" else "tatoeba")
-    assert "test exact match" in result.stdout
+def test_transformer_dates_smoke(tmp_path):
+    """Default export inside OUT, model size from the command line, a console that shows the
+    inputs as written and BLEU on the 0-100 scale, without TensorFlow noise."""
+    size = ["--num-layers", "1", "--embed-dim", "16", "--num-heads", "2", "--ffn-dim", "32"]
+    result, out = run_example("transformer_translation.py", tmp_path, *SMOKE, *size)
+    metrics = check_outputs(out)
+    assert metrics["epochs_run"] == 1 and metrics["task"] == "dates"
+    assert metrics["model_options"] == {"num_layers": 1, "embed_dim": 16, "num_heads": 2,
+                                        "ffn_dim": 32, "dropout": 0.1}
+    assert metrics["bleu_tokens"] == "characters"
+    from keras_attn.data.dates import load_dates
+
+    typed = [source for source, _ in load_dates(num_examples=300, seed=0).test[:5]]
+    # e.g. 'the 1st of march, 2042', not 'the 1 st of march , 2 0 4 2'
+    assert sample_inputs(result.stdout) == typed, result.stdout
+    assert re.search(r"corpus BLEU \d+\.\d\d \(0-100, over characters\)", result.stdout)
+    assert "score    -inf" in result.stdout  # the empty input, served
+    noise = [line for line in (result.stdout + result.stderr).splitlines()
+             if NOISE.search(line)]
+    assert noise == []
+    # A second run into the same OUT replaces it only when asked to.
+    again, _ = run_example("transformer_translation.py", tmp_path, *SMOKE, *size, check=False)
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_bahdanau_pairs_smoke(tmp_path):
+    pairs = write_pairs_file(tmp_path / "fra.txt")
+    result, out = run_example("bahdanau_translation.py", tmp_path, *SMOKE, "--data", str(pairs),
+                              "--units", "16", "--embed-dim", "8")
+    metrics = check_outputs(out)
+    assert metrics["epochs_run"] == 1 and metrics["task"] == "tatoeba"
+    assert metrics["model_options"]["units"] == 16 and metrics["bleu_tokens"] == "words"
+    written = {line.split("\t")[0] for line in pairs.read_text(encoding="utf-8").splitlines()}
+    shown = sample_inputs(result.stdout)
+    assert len(shown) == 5 and set(shown) <= written, shown  # 'I am tall.', not 'i am tall .'
+
+
+def sample_inputs(stdout):
+    """The inputs of the sample translations the script printed."""
+    block = stdout.split("sample test translations")[1].split("exported to")[0]
+    return [ast.literal_eval(match) for match in
+            re.findall(r"^  ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\") +->", block,
+                       flags=re.MULTILINE)]
 
 
 def test_mirrored_strategy_and_resume(tmp_path):
     """Two logical CPUs under MirroredStrategy; an interrupted run resumes where it stopped."""
-    args = [*SMOKE[:2], "--epochs", "3", "--max-test", "10", "--strategy", "mirrored"]
-    first, out, _ = run_example("transformer_translation.py", tmp_path, *args,
-                                "--interrupt-after", "1", check=False)
+    args = [*SMOKE[:2], "--epochs", "3", "--max-test", "10", "--strategy", "mirrored",
+            "--export-dir", str(tmp_path / "export"), "--num-layers", "1", "--embed-dim", "16",
+            "--num-heads", "2", "--ffn-dim", "32"]
+    first, out = run_example("transformer_translation.py", tmp_path, *args,
+                             "--interrupt-after", "1", check=False)
     assert first.returncode == 3, first.stderr[-3000:]
     assert "interrupted after epoch 1" in first.stdout
     assert (out / "backup").exists()
-    _, out, export = run_example("transformer_translation.py", tmp_path, *args, "--resume")
-    metrics = check_outputs(out, export)
+    _, out = run_example("transformer_translation.py", tmp_path, *args, "--resume")
+    metrics = check_outputs(out, tmp_path / "export")
     assert metrics["strategy"] == "mirrored"
     assert metrics["epochs_run"] == 2  # epoch 1 came from the backup, not trained again
 
 
 @pytest.mark.slow
 def test_transformer_default_run_reaches_99_percent(tmp_path):
-    _, out, export = run_example("transformer_translation.py", tmp_path)
-    metrics = check_outputs(out, export)
+    _, out = run_example("transformer_translation.py", tmp_path)
+    metrics = check_outputs(out)
     assert metrics["exact_match"] >= 0.99, metrics
 
 
 @pytest.mark.slow
 def test_bahdanau_default_run_learns_dates(tmp_path):
-    _, out, export = run_example("bahdanau_translation.py", tmp_path)
-    metrics = check_outputs(out, export)
+    _, out = run_example("bahdanau_translation.py", tmp_path)
+    metrics = check_outputs(out)
     assert metrics["exact_match"] >= 0.95, metrics

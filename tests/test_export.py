@@ -1,6 +1,8 @@
-"""SavedModel export: raw strings in, strings out, served by TensorFlow alone."""
+"""SavedModel export: raw strings in, strings and confidence scores out, served by TensorFlow
+alone; empty and over-long inputs are never passed off as ordinary translations."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -11,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.data.dates import load_dates_translation
+from keras_attn import decoding
+from keras_attn.data.dates import load_dates, load_dates_translation
 from keras_attn.export import export_translator, make_translate_fn
 from keras_attn.metrics import MaskedSequenceLoss
 from keras_attn.models import bahdanau_seq2seq, transformer_seq2seq
@@ -26,19 +29,34 @@ sys.modules["keras"] = None
 import tensorflow as tf
 translator = tf.saved_model.load(sys.argv[1])
 texts = json.loads(sys.argv[2])
-out = translator.signatures["translate"](text=tf.constant(texts, tf.string))["translation"]
+out = translator.signatures["translate"](text=tf.constant(texts, tf.string))
 ids = tf.constant([[5, 6, 7] + [0] * 8], tf.int32)
 logits = translator.signatures["serve"](source_ids=ids, target_in_ids=ids)["logits"]
-print(json.dumps({"translations": [t.decode() for t in out.numpy()],
+print(json.dumps({"translations": [t.decode() for t in out["translation"].numpy()],
+                  "scores": [float(s) for s in out["score"].numpy()],
+                  "truncated": [bool(t) for t in out["truncated"].numpy()],
+                  "dtypes": {k: v.dtype.name for k, v in out.items()},
                   "logits_shape": logits.shape.as_list()}))
 """
 
+LONG = "march 3rd, 2021 " * 40  # far more tokens than the source length (11 for the dates)
 ODD_INPUTS = [
     "",  # empty
-    "march 3rd, 2021 " * 40,  # far longer than the source length: truncated
+    LONG,
     "the zzyzx of qwfp, 2021",  # unknown words
-    "   ",
+    "   ",  # whitespace only
 ]
+IN_DISTRIBUTION = ["saturday, march 3 2021", "3/3/21", "the 3rd of march, 2021"]
+
+
+def serve_without_keras(path, texts, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", SERVE_SCRIPT, path, json.dumps(texts)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=str(cwd), check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +64,12 @@ def dates():
     return load_dates_translation(num_examples=400, seed=1)
 
 
-def train_tiny(model, data):
-    model.compile(optimizer=keras.optimizers.Adam(5e-3), loss=MaskedSequenceLoss())
-    model.fit(data.make_dataset("train", 64, shuffle=True), epochs=1, verbose=0)
+def train(model, data, epochs=1, learning_rate=5e-3):
+    steps = epochs * -(-len(data.train) // 64)
+    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, steps, alpha=0.05)
+    model.compile(optimizer=keras.optimizers.Adam(schedule), loss=MaskedSequenceLoss())
+    model.fit(data.make_dataset("train", 64, shuffle=True), epochs=epochs, shuffle=False,
+              verbose=0)
     return model
 
 
@@ -61,40 +82,97 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("name,beam_size", [("transformer", 1), ("bahdanau", 1),
-                                            ("transformer", 3)])
+def export_and_serve(model, data, beam_size, texts, tmp_path):
+    """Exports `model`, serves `texts` in a fresh interpreter without Keras, and checks the
+    outputs against the same function in Python and against the decoding API."""
+    path = str(tmp_path / "export")
+    export_translator(model, data.source_vectorizer, data.target_vectorizer, path,
+                      beam_size=beam_size, standardize=data.standardize_tf, joiner="")
+    in_python = make_translate_fn(
+        model, data.source_vectorizer, data.target_vectorizer.get_vocabulary(),
+        data.target_length, beam_size, standardize=data.standardize_tf, joiner="",
+    )(tf.constant(texts))
+    expected = [t.decode() for t in in_python["translation"].numpy()]
+    # Translating through the Python decoding API gives the same strings and scores.
+    ids = data.encode_source([data.standardize(t) for t in IN_DISTRIBUTION], standardize=False)
+    tokens, scores = (
+        decoding.greedy_search(model, ids, data.target_length, return_scores=True)
+        if beam_size == 1 else
+        decoding.beam_search(model, ids, data.target_length, beam_size=beam_size,
+                             return_scores=True))
+    assert texts[:3] == IN_DISTRIBUTION and data.decode(tokens) == expected[:3]
+    np.testing.assert_allclose(in_python["score"].numpy()[:3], np.asarray(scores), atol=1e-5)
+
+    served = serve_without_keras(path, texts, tmp_path)
+    assert served["translations"] == expected
+    np.testing.assert_allclose(served["scores"], in_python["score"].numpy(), atol=1e-5)
+    assert served["truncated"] == in_python["truncated"].numpy().tolist()
+    assert served["dtypes"] == {"translation": "string", "score": "float32",
+                                "truncated": "bool"}
+    assert served["logits_shape"] == [1, 11, data.target_vocab_size]
+    # Empty and whitespace-only inputs: nothing to translate, and the score says so.
+    for i in (3, 6):
+        assert served["translations"][i] == "" and served["scores"][i] == -math.inf
+    # Only the over-long input is flagged; the others have real, finite scores <= 0.
+    assert served["truncated"][:7] == [False, False, False, False, True, False, False]
+    finite = [s for i, s in enumerate(served["scores"]) if i not in (3, 6)]
+    assert all(math.isfinite(s) and s <= 0 for s in finite)
+    return served
+
+
+# Greedy search on the Transformer is served by `test_nonsense_scores_clearly_lower_than_dates`.
+@pytest.mark.parametrize("name,beam_size", [("bahdanau", 1), ("transformer", 3)])
 def test_exported_translator_serves_without_keras_attn(name, beam_size, dates, tmp_path):
     keras.utils.set_random_seed(0)
-    model = train_tiny(MODELS[name](dates), dates)
-    path = str(tmp_path / f"{name}_export")
-    export_translator(model, dates.source_vectorizer, dates.target_vectorizer, path,
-                      beam_size=beam_size, standardize=dates.standardize_tf, joiner="")
+    model = train(MODELS[name](dates), dates)
+    export_and_serve(model, dates, beam_size, IN_DISTRIBUTION + ODD_INPUTS, tmp_path)
 
-    texts = ["saturday, march 3 2021", "3/3/21", "the 3rd of march, 2021"] + ODD_INPUTS
-    in_python = make_translate_fn(
-        model, dates.source_vectorizer, dates.target_vectorizer.get_vocabulary(),
-        dates.target_length, beam_size, standardize=dates.standardize_tf, joiner="",
-    )(tf.constant(texts))
-    expected = [t.decode() for t in in_python.numpy()]
-    # Translating through the Python decoding API gives the same strings.
-    ids = dates.encode_source([dates.standardize(t) for t in texts[:3]], standardize=False)
-    from keras_attn import decoding
 
-    tokens = (decoding.greedy_search(model, ids, dates.target_length) if beam_size == 1 else
-              decoding.beam_search(model, ids, dates.target_length, beam_size=beam_size))
-    assert dates.decode(tokens) == expected[:3]
+def test_truncated_flags_exactly_the_inputs_longer_than_the_source_length(dates):
+    model = MODELS["transformer"](dates)
+    translate = make_translate_fn(model, dates.source_vectorizer,
+                                  dates.target_vectorizer.get_vocabulary(),
+                                  dates.target_length, standardize=dates.standardize_tf,
+                                  joiner="")
+    length = dates.source_length  # 11 tokens; every digit is a token
+    texts = ["1" * length, "1" * (length + 1), " 1 2 " + "3" * (length - 2), "2021-03-03"]
+    out = translate(tf.constant(texts))
+    assert out["truncated"].numpy().tolist() == [False, True, False, False]
+    # A truncated input is translated from its first `length` tokens, and flagged.
+    head = translate(tf.constant(["1" * length]))
+    assert out["translation"].numpy()[1] == head["translation"].numpy()[0]
 
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run(
-        [sys.executable, "-c", SERVE_SCRIPT, path, json.dumps(texts)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path), check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    served = json.loads(result.stdout.strip().splitlines()[-1])
-    assert served["translations"] == expected
-    assert len(served["translations"]) == len(texts)
-    assert all(isinstance(t, str) for t in served["translations"])
-    assert served["logits_shape"] == [1, 11, dates.target_vocab_size]
+
+@pytest.fixture(scope="module")
+def trained_dates_model():
+    """A small Transformer trained on the dates to about 80% exact match (about 30 s)."""
+    keras.utils.set_random_seed(0)
+    data = load_dates_translation(num_examples=4000, seed=1)
+    model = transformer_seq2seq(data.source_vocab_size, data.target_vocab_size, num_layers=1,
+                                embed_dim=32, num_heads=2, ffn_dim=64)
+    return train(model, data, epochs=12), data
+
+
+NONSENSE = ["hello world", "qwerty uiop", "banana bread recipe", "the cat sat on the mat",
+            "not a date", "tomorrow"]
+
+
+def test_nonsense_scores_clearly_lower_than_dates(trained_dates_model, tmp_path):
+    model, data = trained_dates_model
+    test = load_dates(num_examples=4000, seed=1).test[:50]
+    texts = IN_DISTRIBUTION + ODD_INPUTS + [source for source, _ in test] + NONSENSE
+    served = export_and_serve(model, data, 1, texts, tmp_path)
+    first = len(IN_DISTRIBUTION + ODD_INPUTS)
+    scores = np.asarray(served["scores"][first:])
+    in_distribution, nonsense = scores[:len(test)], scores[len(test):]
+    translations = served["translations"][first:]
+    accuracy = np.mean([p == target for p, (_, target) in zip(translations, test)])
+    assert accuracy >= 0.5, accuracy  # the model has learned the task
+    # Nonsense still comes back as a well-formed date, but with a clearly lower score: every
+    # nonsense input scores below the typical date by more than half a nat per token.
+    assert all(len(t) == 10 and t[4] == "-" for t in translations[len(test):])
+    assert nonsense.max() < np.median(in_distribution) - 0.5, (nonsense, in_distribution)
+    assert nonsense.mean() < in_distribution.mean() - 0.5
 
 
 def test_saved_model_cli_lists_both_signatures(dates, tmp_path):
@@ -113,6 +191,8 @@ def test_saved_model_cli_lists_both_signatures(dates, tmp_path):
     assert "signature_def['translate']" in text and "signature_def['serve']" in text
     assert "inputs['text'] tensor_info:\n        dtype: DT_STRING\n        shape: (-1)" in text
     assert "outputs['translation'] tensor_info:\n        dtype: DT_STRING" in text
+    assert "outputs['score'] tensor_info:\n        dtype: DT_FLOAT" in text
+    assert "outputs['truncated'] tensor_info:\n        dtype: DT_BOOL" in text
 
 
 def test_export_rejects_bad_arguments(dates, tmp_path):
@@ -124,4 +204,13 @@ def test_export_rejects_bad_arguments(dates, tmp_path):
     with pytest.raises(ValueError, match="source_vectorizer"):
         export_translator(model, "not a vectorizer", dates.target_vectorizer,
                           str(tmp_path / "x"))
+    with pytest.raises(ValueError, match="length_penalty"):
+        export_translator(model, dates.source_vectorizer, dates.target_vectorizer,
+                          str(tmp_path / "x"), length_penalty=-1.0)
+    # A vectorizer that standardizes on its own would make the truncation flag count wrong.
+    lowercasing = keras.layers.TextVectorization(
+        standardize="lower_and_strip_punctuation", output_sequence_length=11,
+        vocabulary=dates.source_vectorizer.get_vocabulary()[2:])
+    with pytest.raises(ValueError, match="source_vectorizer.*standardize"):
+        export_translator(model, lowercasing, dates.target_vectorizer, str(tmp_path / "x"))
     assert not np.any([p.exists() for p in tmp_path.iterdir()])

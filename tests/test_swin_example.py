@@ -4,6 +4,7 @@ serves the same predictions; the slow test trains with the defaults to >= 95% te
 import importlib.util
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +16,9 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "swin_digits
 
 
 def load_example():
+    examples = os.path.dirname(EXAMPLE)
+    if examples not in sys.path:
+        sys.path.insert(0, examples)  # as when the script runs: example_utils is beside it
     spec = importlib.util.spec_from_file_location("swin_digits", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -22,8 +26,9 @@ def load_example():
 
 
 def run(tmp_path, *extra):
-    out, export = tmp_path / "out", tmp_path / "export"
-    metrics = load_example().main(["--out", str(out), "--export-dir", str(export), *extra])
+    out = tmp_path / "out"
+    export = out / "saved_model"  # the default: everything a run makes is in OUT
+    metrics = load_example().main(["--out", str(out), *extra])
     with open(out / "metrics.json") as f:
         assert json.load(f) == metrics
     return metrics, out, export
@@ -35,6 +40,8 @@ def test_smoke_run_writes_metrics_heatmaps_and_export(tmp_path):
     assert 0.0 <= metrics["test_accuracy"] <= 1.0
     assert np.isfinite(metrics["test_loss"]) and metrics["train_seconds"] > 0
     assert metrics["export_max_abs_diff"] < 1e-5
+    assert metrics["export_dir"] == str(export)
+    assert (out / "history.png").stat().st_size > 5000
     assert len(metrics["heatmaps"]) == 2
     for path in metrics["heatmaps"]:
         assert os.path.dirname(path) == str(out)
@@ -45,6 +52,10 @@ def test_smoke_run_writes_metrics_heatmaps_and_export(tmp_path):
     served = reloaded.serve(tf.zeros((3, 8, 8, 1)))
     assert tuple(served.shape) == (3, 10)
     assert np.all(np.isfinite(served.numpy()))
+    # A second run into the same OUT is refused (before training) unless asked to overwrite.
+    with pytest.raises(SystemExit) as refused:
+        load_example().main(["--out", str(out), "--smoke", "--epochs", "1"])
+    assert refused.value.code == 2
 
 
 @pytest.mark.slow

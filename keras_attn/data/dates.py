@@ -1,13 +1,37 @@
 """Built-in translation task that needs no download: date normalization.
 
-Dates written by people in 19 formats ("saturday, march 3 2021", "3/3/21", "the third of march
-2021", "03.03.2021", ...) are translated to ISO 8601 ("2021-03-03"). The dates are drawn uniformly
-from 1950-01-01 to 2049-12-31; weekday names are the true weekday of the date. The formats are
-chosen so that every source string has exactly one answer:
+Dates written by people in 19 formats are translated to ISO 8601 ("2021-03-03"). The dates are
+drawn uniformly from 1950-01-01 to 2049-12-31; weekday names are the true weekday of the date.
+Sources are lowercase; the tokenizer lowercases whatever it is given, so "March 3rd, 2021" is
+read as "march 3rd, 2021". The 19 formats (`FORMATS`), shown for 2021-03-03, a Wednesday:
+
+| #  | example                   | #  | example                   |
+|----|---------------------------|----|---------------------------|
+| 0  | `wednesday, march 3 2021` | 10 | `03/03/2021`              |
+| 1  | `3/3/21`                  | 11 | `wed, 3 mar 21`           |
+| 2  | `03 mar 2021`             | 12 | `the third of march 2021` |
+| 3  | `the 3rd of march, 2021`  | 13 | `march third, 2021`       |
+| 4  | `march 3rd, 2021`         | 14 | `3rd march 2021`          |
+| 5  | `2021/03/03`              | 15 | `03-mar-2021`             |
+| 6  | `3 march 2021`            | 16 | `march 3, '21`            |
+| 7  | `mar 3, 2021`             | 17 | `wed mar 3 2021`          |
+| 8  | `wednesday 3 march 2021`  | 18 | `2021-3-3`                |
+| 9  | `03.03.2021`              |    |                           |
+
+The formats are chosen so that every source string has exactly one answer:
 
 - slashes are month first (`3/4/21` is March 4), unless the year comes first (`2021/04/03`);
 - dots are day first (`04.03.2021` is March 4);
 - two-digit years pivot at 50: `00`-`49` are 2000-2049, `50`-`99` are 1950-1999.
+
+Not covered, so a model trained here has never seen it: dates outside 1950-2049, day-first
+slashes (`31/12/2021`), other languages, times, relative dates ("tomorrow"), partial dates
+("march 2021"), impossible dates ("february 30, 2021") and any other text. A translator still
+writes a well-formed ISO date for such input. The `score` output of an exported translator
+(`keras_attn.export`) is clearly lower for text that is no date at all ("hello world"), but it
+measures the model's confidence, not the input's validity: a trained model turned
+"february 30, 2021" into "2021-02-30" and "31/12/2021" into "2021-03-12" with scores as high as
+for real dates.
 
 Tokenization (`to_tokens`) splits every digit into its own token and separates punctuation, so
 the source vocabulary is small (about 90 tokens: digits, month and weekday names, ordinal words
@@ -240,6 +264,35 @@ def max_source_tokens() -> int:
     return max(
         len(to_tokens(format_date(date, fmt)).split()) for fmt in range(len(FORMATS))
     )
+
+
+def describe_formats(date: datetime.date = datetime.date(2021, 3, 3)) -> str:
+    """The formats of the task as plain text, for a command line's `--help`.
+
+    Args:
+        date: `datetime.date` written in every format. Defaults to 2021-03-03.
+
+    Returns:
+        str of several lines: each format written for `date`, the rules that make them
+        unambiguous, and what is not covered.
+    """
+    examples = [format_date(date, fmt) for fmt in range(len(FORMATS))]
+    width = max(len(example) for example in examples) + 2
+    rows = [examples[i:i + 3] for i in range(0, len(examples), 3)]
+    years = f"{FIRST_DATE.year} to {LAST_DATE.year}"
+    lines = [f"The built-in dates task reads {len(FORMATS)} formats of dates from {years}",
+             f"and writes ISO 8601 dates; here are the formats for {date.isoformat()}:"]
+    lines += ["  " + "".join(example.ljust(width) for example in row).rstrip() for row in rows]
+    lines += [
+        "Slashes are month first (3/4/21 is March 4) unless the year comes first; dots are day",
+        "first (04.03.2021 is March 4); two-digit years 00-49 are 2000-2049, 50-99 are",
+        "1950-1999; upper case is read as lower case. Anything else (other years, day-first",
+        "slashes, other languages, times, impossible dates such as february 30) still gets an",
+        "ISO date. The exported translator's `score` is clearly lower for text that is no date",
+        "at all, but a date just outside the formats (31/12/2021, february 30) can come back",
+        "wrong with a confident score: check the dates you rely on.",
+    ]
+    return "\n".join(lines)
 
 
 def load_dates_translation(
