@@ -70,6 +70,13 @@ def read_book(path: str) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    from example_utils import check_run_dirs, clear_export_dir, import_tensorflow_quietly
+
+    export_dir = os.path.join(args.out, "saved_model")
+    reason = check_run_dirs(args.out, export_dir, args.overwrite)
+    if reason:
+        raise SystemExit(reason)
+    import_tensorflow_quietly()
     import keras
     import numpy as np
     import tensorflow as tf
@@ -79,10 +86,6 @@ def main(argv=None) -> dict:
     from keras_attn.tokens import BOS_ID, RESERVED_TOKENS
     from keras_attn.viz import plot_history, show_heatmaps
 
-    export_dir = os.path.join(args.out, "saved_model")
-    if os.path.exists(export_dir) and not args.overwrite:
-        raise SystemExit(f"{export_dir} exists (an earlier run's); pass --overwrite or another "
-                         "--out.")
     keras.utils.set_random_seed(args.seed)
     text = read_book(args.data)
     vocabulary = list(RESERVED_TOKENS) + sorted(set(text))
@@ -145,12 +148,17 @@ def main(argv=None) -> dict:
     sample = np.array([[BOS_ID] + [index[c] for c in "the time traveller smiled"]], "int32")
     _, weights = model.get_layer("decoder")(sample, return_attention_scores=True)
     last = keras.ops.convert_to_numpy(weights)[0, -1]  # (H, T, T)
-    labels = ["<bos>"] + list("the time traveller smiled")
-    show_heatmaps(last[None], xlabel="keys (characters)", ylabel="queries",
-                  titles=[f"head {h + 1}" for h in range(last.shape[0])],
-                  path=os.path.join(args.out, "attention.png"), figsize=(4.5, 4.5),
-                  xticklabels=labels,
+    labels = ["<bos>"] + [c if c != " " else "␣" for c in "the time traveller smiled"]
+    show_heatmaps(last[None, :2], xlabel="keys: characters seen so far",
+                  ylabel="queries: each character",
+                  titles=[f"head {h + 1}" for h in range(2)],
+                  suptitle=f"Causal self-attention of the last block (layer {args.num_layers} "
+                           f"of {args.num_layers}), heads 1-2 of {last.shape[0]}, on "
+                           "'the time traveller smiled'",
+                  path=os.path.join(args.out, "attention.png"), xticklabels=labels,
                   yticklabels=labels)
+    if args.overwrite:
+        clear_export_dir(export_dir)
     export_generator(model, vocabulary, export_dir, max_length=128)
     metrics = {"validation_perplexity": perplexity, "validation_loss": val_loss,
                "train_loss": float(history.history["loss"][-1]),
