@@ -70,7 +70,11 @@ def read_book(path: str) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from example_utils import check_run_dirs, clear_export_dir, import_tensorflow_quietly
+    from example_utils import (
+        check_run_dirs,
+        clear_export_dir,
+        import_tensorflow_quietly,
+    )
 
     export_dir = os.path.join(args.out, "saved_model")
     reason = check_run_dirs(args.out, export_dir, args.overwrite)
