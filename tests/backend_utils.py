@@ -6,6 +6,34 @@ import keras
 import numpy as np
 
 
+def examples(count: int) -> int:
+    """Hypothesis examples for a property test: `count` on TensorFlow, a quarter (at least 5)
+    on JAX and torch. The code under test is the same on every backend, and each example is
+    compiled afresh on JAX, so the other backends check a sample of what TensorFlow searches."""
+    return count if keras.backend.backend() == "tensorflow" else max(5, count // 4)
+
+
+def dtype_of(x) -> str:
+    """A tensor's dtype as Keras names it ("float32"); torch dtypes do not compare to strings."""
+    return keras.backend.standardize_dtype(x.dtype)
+
+
+def as_np(x) -> np.ndarray:
+    """A tensor of any backend as a NumPy array of its own dtype (torch tensors that require
+    gradients are detached)."""
+    return keras.ops.convert_to_numpy(x)
+
+
+def assert_allclose(actual, desired, **kwargs):
+    """`np.testing.assert_allclose` for tensors of any backend."""
+    np.testing.assert_allclose(as_np(actual), as_np(desired), **kwargs)
+
+
+def assert_array_equal(actual, desired, **kwargs):
+    """`np.testing.assert_array_equal` for tensors of any backend."""
+    np.testing.assert_array_equal(as_np(actual), as_np(desired), **kwargs)
+
+
 def to_np(x) -> np.ndarray:
     """A tensor of any backend (any float dtype) as a float32 NumPy array; None stays None."""
     if x is None:

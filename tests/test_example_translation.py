@@ -184,6 +184,7 @@ def sample_inputs(stdout):
                        flags=re.MULTILINE)]
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_and_resume(tmp_path):
     """Two logical CPUs under MirroredStrategy; an interrupted run resumes where it stopped."""
     args = [*SMOKE[:2], "--epochs", "3", "--max-test", "10", "--strategy", "mirrored",

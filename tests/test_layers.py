@@ -4,6 +4,7 @@ equivalence with keras.layers.MultiHeadAttention and torch.nn.MultiheadAttention
 import keras
 import numpy as np
 import pytest
+from backend_utils import assert_allclose, dtype_of
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
@@ -88,8 +89,8 @@ def test_nw_pooling_matches_formula(learnable):
     out, weights = layer(xq, xk, y, return_attention_scores=True)
     scores = -0.5 * ((xq[:, :, None] - xk[:, None, :]) * w) ** 2
     ref_w = np_softmax_masked(scores, np.ones_like(scores, bool))
-    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-6)
-    np.testing.assert_allclose(to_np(out), np.einsum("bts,bs->bt", ref_w, y), atol=1e-5)
+    assert_allclose(to_np(weights), ref_w, atol=1e-6)
+    assert_allclose(to_np(out), np.einsum("bts,bs->bt", ref_w, y), atol=1e-5)
 
 
 def test_nw_pooling_vector_keys_and_leave_one_out_mask():
@@ -100,8 +101,8 @@ def test_nw_pooling_vector_keys_and_leave_one_out_mask():
     sq = ((x[:, :, None, :] - x[:, None, :, :]) ** 2).sum(-1)
     ref_w = np_softmax_masked(-0.5 * sq, leave_one_out)
     assert np.all(np.diag(to_np(weights)[0]) == 0.0)
-    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-6)
-    np.testing.assert_allclose(to_np(out), ref_w @ y, atol=1e-5)
+    assert_allclose(to_np(weights), ref_w, atol=1e-6)
+    assert_allclose(to_np(out), ref_w @ y, atol=1e-5)
 
 
 def test_nw_pooling_learns_width_with_sgd():
@@ -129,8 +130,8 @@ def test_additive_attention_matches_formula():
     features = np.tanh((q @ wq)[:, :, None, :] + (k @ wk)[:, None, :, :])  # (B, T, S, u)
     scores = (features @ wv)[..., 0]
     ref_w = np_softmax_masked(scores, lens_mask(LENS, 3, 5))
-    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-5)
-    np.testing.assert_allclose(to_np(out), ref_w @ v, atol=1e-5)
+    assert_allclose(to_np(weights), ref_w, atol=1e-5)
+    assert_allclose(to_np(out), ref_w @ v, atol=1e-5)
 
 
 def test_scaled_dot_attention_matches_formula_with_causal_mask():
@@ -139,8 +140,8 @@ def test_scaled_dot_attention_matches_formula_with_causal_mask():
                                            return_attention_scores=True)
     scores = q @ k.transpose(0, 2, 1) / np.sqrt(6)
     ref_w = np_softmax_masked(scores, np.tril(np.ones((4, 4), bool))[None])
-    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-5)
-    np.testing.assert_allclose(to_np(out), ref_w @ v, atol=1e-5)
+    assert_allclose(to_np(weights), ref_w, atol=1e-5)
+    assert_allclose(to_np(out), ref_w @ v, atol=1e-5)
 
 
 def np_multi_head(layer, q, k, v, mask):
@@ -168,8 +169,8 @@ def test_multi_head_matches_per_head_formula():
     out, weights = layer(q, k, v, valid_lens=LENS, return_attention_scores=True)
     ref_out, ref_w = np_multi_head(layer, q, k, v, lens_mask(LENS, 3, 5))
     assert weights.shape == (2, 3, 3, 5)
-    np.testing.assert_allclose(to_np(weights), ref_w, atol=1e-5)
-    np.testing.assert_allclose(to_np(out), ref_out, atol=1e-5)
+    assert_allclose(to_np(weights), ref_w, atol=1e-5)
+    assert_allclose(to_np(out), ref_out, atol=1e-5)
 
 
 @pytest.mark.parametrize("dim", [6, 7])
@@ -180,17 +181,17 @@ def test_position_encoding_matches_formula(dim):
     j = np.arange(dim)[None, :]
     angle = i / np.power(10000.0, (j - j % 2) / dim)
     table = np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
-    np.testing.assert_allclose(out - x, np.broadcast_to(table, x.shape), atol=1e-5)
+    assert_allclose(out - x, np.broadcast_to(table, x.shape), atol=1e-5)
     shifted = to_np(ka.SinusoidalPositionEncoding()(x[:, 4:], start_index=4))
-    np.testing.assert_allclose(shifted, out[:, 4:], atol=1e-5)
+    assert_allclose(shifted, out[:, 4:], atol=1e-5)
 
 
 def test_position_encoding_any_length_and_dtype():
     x = np.zeros((1, 3000, 8), "float32")
     out = to_np(ka.SinusoidalPositionEncoding()(x))
-    np.testing.assert_allclose(out[0, 2999, 0], np.sin(2999.0), atol=1e-3)
+    assert_allclose(out[0, 2999, 0], np.sin(2999.0), atol=1e-3)
     half = ka.SinusoidalPositionEncoding(dtype="mixed_bfloat16")(x)
-    assert half.dtype == "bfloat16"
+    assert dtype_of(half) == "bfloat16"
 
 
 def test_ffn_and_add_norm_match_formula():
@@ -199,18 +200,21 @@ def test_ffn_and_add_norm_match_formula():
     out = to_np(ffn(x))
     h = np.maximum(x @ to_np(ffn.hidden_dense.kernel) + to_np(ffn.hidden_dense.bias), 0)
     ref = h @ to_np(ffn.output_dense.kernel) + to_np(ffn.output_dense.bias)
-    np.testing.assert_allclose(out, ref, atol=1e-5)
+    assert_allclose(out, ref, atol=1e-5)
 
     z = x + y
     ref_norm = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + 1e-5)
-    np.testing.assert_allclose(to_np(ka.AddNorm()(x, y)), ref_norm, atol=1e-4)
+    assert_allclose(to_np(ka.AddNorm()(x, y)), ref_norm, atol=1e-4)
 
 
 # ---------------------------------------------------------------- keras MHA and torch MHA
 
 @pytest.mark.parametrize("masking", ["none", "padding", "causal", "padding_and_causal"])
 def test_multi_head_equals_keras_multi_head_attention(masking):
-    keras_mha = keras.layers.MultiHeadAttention(num_heads=4, key_dim=8, value_dim=6,
+    # Keras' MultiHeadAttention on JAX calls jax.nn.dot_product_attention, which needs
+    # value_dim == key_dim; elsewhere the two differ to check that from_keras keeps them apart.
+    value_dim = 8 if keras.backend.backend() == "jax" else 6
+    keras_mha = keras.layers.MultiHeadAttention(num_heads=4, key_dim=8, value_dim=value_dim,
                                                 output_shape=10)
     q, v, k = rand(3, 5, 12), rand(3, 7, 9), rand(3, 7, 11)
     lens = np.array([7, 3, 1])
@@ -222,7 +226,7 @@ def test_multi_head_equals_keras_multi_head_attention(masking):
     ref = keras_mha(q, v, k, value_mask=value_mask if use_pad else None,
                     use_causal_mask=causal)
     out = ours(q, k, v, valid_lens=lens if use_pad else None, use_causal_mask=causal)
-    np.testing.assert_allclose(to_np(out), to_np(ref), atol=1e-5)
+    assert_allclose(to_np(out), to_np(ref), atol=1e-5)
 
 
 @pytest.mark.tf_only
@@ -249,9 +253,9 @@ def test_multi_head_under_xla_equals_keras_with_gradients():
         keras_mha, lambda x: keras_mha(x, x, use_causal_mask=True))(x)
     for compiled in (xla, graph):
         out, grads = compiled(x)
-        np.testing.assert_allclose(to_np(out), to_np(want_out), atol=1e-5)
+        assert_allclose(to_np(out), to_np(want_out), atol=1e-5)
         for got, want in zip(grads, want_grads):  # Keras kernels are (in, H, d): same order
-            np.testing.assert_allclose(to_np(got).reshape(want.shape), to_np(want), atol=1e-4)
+            assert_allclose(to_np(got).reshape(want.shape), to_np(want), atol=1e-4)
 
 
 def np_torch_mha(sd, q, k, v, num_heads, key_padding_mask=None, add_zero_attn=False):
@@ -308,7 +312,7 @@ def test_multi_head_from_torch_state_dict_matches_torch_formula(e, kdim, vdim, b
     ours = ka.MultiHead.from_torch_state_dict(sd, num_heads=2, add_zero_attn=add_zero_attn)
     out = ours(q, k, v, valid_lens=np.array([4, 2]))
     ref = np_torch_mha(sd, q, k, v, 2, key_padding_mask=pad, add_zero_attn=add_zero_attn)
-    np.testing.assert_allclose(to_np(out), ref, atol=1e-4)
+    assert_allclose(to_np(out), ref, atol=1e-4)
 
 
 @pytest.mark.parametrize("e,kdim,vdim,bias,add_bias_kv,add_zero_attn", TORCH_CASES)
@@ -327,7 +331,7 @@ def test_multi_head_from_torch_equals_real_torch(e, kdim, vdim, bias, add_bias_k
                         key_padding_mask=torch.from_numpy(pad))
     ours = ka.MultiHead.from_torch_state_dict(sd, num_heads=2, add_zero_attn=add_zero_attn)
     out = ours(q, k, v, valid_lens=np.array([4, 2]))
-    np.testing.assert_allclose(to_np(out), ref.numpy(), atol=1e-5)
+    assert_allclose(to_np(out), ref.numpy(), atol=1e-5)
 
 
 # ---------------------------------------------------------------- masks
@@ -343,9 +347,9 @@ def test_implicit_mask_equals_valid_lens():
     explicit = to_np(mha(embedding(ids), valid_lens=lens))
     out = to_np(implicit(ids))
     valid_rows = np.arange(5) < lens[:, None]
-    np.testing.assert_allclose(out[valid_rows], explicit[valid_rows], atol=1e-6)
+    assert_allclose(out[valid_rows], explicit[valid_rows], atol=1e-6)
     # Padded query rows attend nowhere: zero context, so the output is the output bias.
-    np.testing.assert_allclose(out[0, 3:], np.broadcast_to(to_np(mha.output_dense.bias),
+    assert_allclose(out[0, 3:], np.broadcast_to(to_np(mha.output_dense.bias),
                                                            (2, 8)), atol=1e-6)
 
 
@@ -379,7 +383,7 @@ def test_multi_head_appended_keys_with_a_query_mask_only(implementation):
                          implementation=implementation)
     out = layer(query, memory, query_mask=query_mask)
     explicit = np.broadcast_to(query_mask[:, :, None], (2, 5, 7))
-    np.testing.assert_allclose(to_np(out), to_np(layer(query, memory, attention_mask=explicit)),
+    assert_allclose(to_np(out), to_np(layer(query, memory, attention_mask=explicit)),
                                atol=1e-6)
     assert out.shape == (2, 5, 8) and np.all(np.isfinite(to_np(out)))
 

@@ -5,6 +5,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from backend_utils import assert_allclose, assert_array_equal, dtype_of
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
@@ -46,14 +47,14 @@ def test_matches_explicit_formula(causal, seq_len, chunk_size):
     key_mask = np.arange(seq_len)[None, :] < np.array([[seq_len], [seq_len - 4]])
     out = linear_attention(q, k, v, key_mask=key_mask, causal=causal, chunk_size=chunk_size)
     expected = np_linear_attention(q, k, v, key_mask, causal)
-    np.testing.assert_allclose(to_np(out), expected, rtol=1e-4, atol=1e-5)
+    assert_allclose(to_np(out), expected, rtol=1e-4, atol=1e-5)
     weights = linear_attention_weights(q, k, key_mask=key_mask, causal=causal)
-    np.testing.assert_allclose(to_np(weights) @ v, expected, rtol=1e-4, atol=1e-5)
+    assert_allclose(to_np(weights) @ v, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_cross_attention_lengths_differ():
     q, k, v = rand(2, 2, 3, 4), rand(2, 2, 7, 4), rand(2, 2, 7, 6)
-    np.testing.assert_allclose(
+    assert_allclose(
         to_np(linear_attention(q, k, v)), np_linear_attention(q, k, v), rtol=1e-4, atol=1e-5
     )
 
@@ -74,7 +75,7 @@ def test_layer_matches_formula_with_its_projections():
     ctx = np_linear_attention(heads(x @ wq + bq, 3), heads(x @ wk + bk, 3),
                               heads(x @ wv + bv, 4), key_mask, causal=True)
     expected = ctx.transpose(0, 2, 1, 3).reshape(2, 6, 8) @ wo + bo
-    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -88,7 +89,7 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(causal):
         loss = keras.ops.sum(out)
     out = to_np(out)
     assert np.all(np.isfinite(out))
-    np.testing.assert_array_equal(out[0], 0.0)
+    assert_array_equal(out[0], 0.0)
     assert np.all(np.isfinite(to_np(tape.gradient(loss, q))))
 
 
@@ -96,7 +97,7 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(causal):
 def test_low_precision_inputs_stay_finite(dtype):
     q, k, v = (keras.ops.cast(rand(1, 2, 300, 8) * 4, dtype) for _ in range(3))
     out = linear_attention(q, k, v, causal=True, chunk_size=32)
-    assert out.dtype == dtype
+    assert dtype_of(out) == dtype
     assert np.all(np.isfinite(to_np(keras.ops.cast(out, "float32"))))
 
 
@@ -109,9 +110,9 @@ def test_implicit_mask_equals_valid_lens():
     explicit = to_np(layer(keras.ops.convert_to_tensor(to_np(x)),
                            valid_lens=np.array([3, 2]),
                            query_mask=ids != 0))
-    np.testing.assert_allclose(implicit, explicit, rtol=1e-6, atol=1e-6)
+    assert_allclose(implicit, explicit, rtol=1e-6, atol=1e-6)
     bias = to_np(layer.output_dense.bias)
-    np.testing.assert_allclose(implicit[1, 2:], np.broadcast_to(bias, (3, 6)), atol=1e-6)
+    assert_allclose(implicit[1, 2:], np.broadcast_to(bias, (3, 6)), atol=1e-6)
 
 
 def test_dynamic_length_functional_model():
@@ -127,7 +128,7 @@ def test_dynamic_length_functional_model():
         # Causality: changing the last position leaves the earlier outputs alone.
         x2 = x.copy()
         x2[:, -1] += 1.0
-        np.testing.assert_allclose(to_np(model(x2))[:, :-1], out[:, :-1], atol=1e-5)
+        assert_allclose(to_np(model(x2))[:, :-1], out[:, :-1], atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -154,8 +155,8 @@ def test_return_attention_scores_rows_sum_to_one():
                        return_attention_scores=True)
     weights = to_np(weights)
     assert weights.shape == (2, 2, 5, 5)
-    np.testing.assert_allclose(weights[0].sum(-1), 1.0, rtol=1e-5)
-    np.testing.assert_array_equal(weights[1], 0.0)
+    assert_allclose(weights[0].sum(-1), 1.0, rtol=1e-5)
+    assert_array_equal(weights[1], 0.0)
 
 
 @pytest.mark.parametrize(

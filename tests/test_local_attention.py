@@ -5,6 +5,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from backend_utils import as_np, assert_allclose, assert_array_equal
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
@@ -38,7 +39,7 @@ def np_band(t, s, window, causal, num_global, offset=0):
 @pytest.mark.parametrize("window,num_global,offset", [(0, 0, 0), (2, 0, 3), (3, 2, 0)])
 def test_band_mask_matches_definition(window, num_global, causal, offset):
     got = to_np(local_attention_mask(6, 11, window, causal, num_global, offset))
-    np.testing.assert_array_equal(got, np_band(6, 11, window, causal, num_global, offset))
+    assert_array_equal(got, np_band(6, 11, window, causal, num_global, offset))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -55,7 +56,7 @@ def test_blockwise_equals_dense_band(seq_len, window, num_global, causal):
         np.arange(seq_len)[None, None, :] < lens[:, None, None]
     )  # (B, T, T)
     expected, _ = attn_ops.dot_product_attention(q, k, v, mask=mask[:, None])
-    np.testing.assert_allclose(to_np(got), to_np(expected), rtol=1e-5, atol=1e-6)
+    assert_allclose(to_np(got), to_np(expected), rtol=1e-5, atol=1e-6)
     assert np.all(np.isfinite(to_np(got)))
 
 
@@ -63,7 +64,7 @@ def test_fully_masked_rows_are_zero():
     q = k = v = rand(1, 2, 9, 4)
     key_mask = np.array([[True, True, True, False, False, False, False, False, False]])
     out = to_np(local_dot_product_attention(q, k, v, 2, causal=False, key_mask=key_mask))
-    np.testing.assert_array_equal(out[:, :, 6:], 0.0)  # nothing valid within 2 positions
+    assert_array_equal(out[:, :, 6:], 0.0)  # nothing valid within 2 positions
     assert np.all(np.abs(out[:, :, :5]).sum(-1) > 0)
 
 
@@ -92,10 +93,10 @@ def test_layer_equals_multi_head_with_band_mask(causal):
     band = np_band(10, 10, 2, causal, 1)[None]
     expected = dense(x, valid_lens=lens, attention_mask=band, use_causal_mask=causal)
     got = local(x, valid_lens=lens, use_causal_mask=causal)
-    np.testing.assert_allclose(to_np(got), to_np(expected), rtol=1e-5, atol=1e-5)
+    assert_allclose(to_np(got), to_np(expected), rtol=1e-5, atol=1e-5)
     got_dense, weights = local(x, valid_lens=lens, use_causal_mask=causal,
                                return_attention_scores=True)
-    np.testing.assert_allclose(to_np(got_dense), to_np(expected), rtol=1e-5, atol=1e-5)
+    assert_allclose(to_np(got_dense), to_np(expected), rtol=1e-5, atol=1e-5)
     assert np.all(to_np(weights)[:, :, ~band[0]] == 0)
 
 
@@ -104,9 +105,10 @@ def test_from_keras_with_a_window_equals_keras_with_a_band_mask():
     reference = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)
     reference(x, x)
     band = np.abs(np.arange(24)[:, None] - np.arange(24)[None, :]) <= 3
-    want = reference(x, x, attention_mask=np.broadcast_to(band, (2, 24, 24))).numpy()
+    want = reference(x, x, attention_mask=np.broadcast_to(band, (2, 24, 24)))
+    want = keras.ops.convert_to_numpy(want)
     layer = ka.LocalMultiHead.from_keras(reference, window=3)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), want, atol=1e-5)
+    assert_allclose(keras.ops.convert_to_numpy(layer(x)), want, atol=1e-5)
 
 
 def test_per_query_valid_lens_fall_back_to_dense_band():
@@ -115,7 +117,7 @@ def test_per_query_valid_lens_fall_back_to_dense_band():
     dense(x), local(x)
     local.set_weights(dense.get_weights())
     expected = dense(x, valid_lens=lens, attention_mask=np_band(6, 6, 1, False, 0)[None])
-    np.testing.assert_allclose(to_np(local(x, valid_lens=lens)), to_np(expected), atol=1e-6)
+    assert_allclose(to_np(local(x, valid_lens=lens)), to_np(expected), atol=1e-6)
 
 
 def test_incremental_decoding_equals_full_sequence():
@@ -128,7 +130,7 @@ def test_incremental_decoding_equals_full_sequence():
         out, cache = layer(x[:, i:i + 1], cache=cache, cache_update_index=i,
                            use_causal_mask=True)
         steps.append(to_np(out))
-    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
+    assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
 
 
 def test_implicit_mask_equals_valid_lens():
@@ -139,7 +141,7 @@ def test_implicit_mask_equals_valid_lens():
     implicit = to_np(layer(x))
     explicit = to_np(layer(keras.ops.convert_to_tensor(to_np(x)), valid_lens=np.array([4, 2]),
                            query_mask=ids != 0))
-    np.testing.assert_allclose(implicit, explicit, rtol=1e-6, atol=1e-6)
+    assert_allclose(implicit, explicit, rtol=1e-6, atol=1e-6)
 
 
 def test_dynamic_length_functional_model():
@@ -150,7 +152,7 @@ def test_dynamic_length_functional_model():
         x = rand(1, length, 6)
         band = np_band(length, length, 3, True, 1)[None]
         expected = to_np(layer(x, attention_mask=band))  # dense fallback, same weights
-        np.testing.assert_allclose(to_np(model(x)), expected, rtol=1e-5, atol=1e-5)
+        assert_allclose(to_np(model(x)), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +207,7 @@ def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks(
     assert local.get_config()["attention_window"] == 2
     out = local(x, padding_mask=padding)
     ref = full(x, padding_mask=padding, attention_mask=np.broadcast_to(band, (2, 9, 9)))
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
+    assert_allclose(as_np(out), as_np(ref), atol=1e-5)
 
     # Decoder: position t sees only t-2..t, so changing x[:, 0] leaves positions >= 3 as they
     # were (with full causal attention it would change every position).
@@ -216,8 +218,8 @@ def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks(
     changed = x.copy()
     changed[:, 0] += 1.0
     for block, unchanged_from in ((local, 3), (full, 9)):
-        before, after = np.asarray(block(x, memory)), np.asarray(block(changed, memory))
-        np.testing.assert_allclose(after[:, unchanged_from:], before[:, unchanged_from:],
+        before, after = as_np(block(x, memory)), as_np(block(changed, memory))
+        assert_allclose(after[:, unchanged_from:], before[:, unchanged_from:],
                                    atol=1e-6)
         assert not np.allclose(after[:, :unchanged_from], before[:, :unchanged_from],
                                atol=1e-4)
@@ -230,8 +232,8 @@ def test_windowed_transformer_cached_decoding_equals_full_pass():
     model = transformer_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=32,
                                 dropout=0.0, attention_window=2)
     source = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
-    tokens = np.asarray(decoding.greedy_search(model, source, 6, eos_id=99))
+    tokens = as_np(decoding.greedy_search(model, source, 6, eos_id=99))
     prefix = np.concatenate([np.full((2, 1), 2, "int32"), tokens[:, :-1]], 1)
-    logits = np.array(model([source, prefix]))
+    logits = as_np(model([source, prefix])).copy()
     logits[..., [0, 2]] = -np.inf  # never emitted by the search
-    np.testing.assert_array_equal(tokens, logits.argmax(-1))
+    assert_array_equal(tokens, logits.argmax(-1))

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from backend_utils import to_np
+from backend_utils import examples, to_np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kernels import np_mask
@@ -40,7 +40,7 @@ def mask_parts(draw):
     return batch, query_len, key_len, build, spec, query_valid
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(mask_parts(), st.data())
 def test_tiles_equal_the_definition_and_key_ranges_hold_every_visible_key(parts, data):
     batch, query_len, key_len, build, spec, query_valid = parts

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import reference as ref
-from backend_utils import value_and_grads
+from backend_utils import examples, value_and_grads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -133,7 +133,7 @@ def scores_and_mask(draw):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(data=scores_and_mask())
 def test_masked_softmax_properties(dtype, data):
     scores, mask = data
@@ -163,7 +163,7 @@ def attention_inputs(draw):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(data=attention_inputs())
 def test_dot_product_attention_properties(dtype, data):
     q, k, v, mask = data

@@ -4,6 +4,7 @@
 import keras
 import numpy as np
 import pytest
+from backend_utils import assert_allclose, assert_array_equal, dtype_of
 from layer_test_utils import run_layer_test
 
 from keras_attn import decoding
@@ -217,7 +218,7 @@ def test_encoder_block_matches_numpy(norm_first):
     block.build(x.shape)
     randomize(block)
     out = to_np(block(x, padding_mask=pad))
-    np.testing.assert_allclose(out, np_encoder_block(block, x.astype("float64"), pad),
+    assert_allclose(out, np_encoder_block(block, x.astype("float64"), pad),
                                atol=1e-5, rtol=1e-5)
 
 
@@ -233,9 +234,9 @@ def test_decoder_block_matches_numpy(norm_first):
                          return_attention_scores=True)
     expected = np_decoder_block(block, x.astype("float64"), enc.astype("float64"), tgt_pad,
                                 src_pad)
-    np.testing.assert_allclose(to_np(out), expected, atol=1e-5, rtol=1e-5)
+    assert_allclose(to_np(out), expected, atol=1e-5, rtol=1e-5)
     assert weights.shape == (3, 2, 4, 6)
-    np.testing.assert_array_equal(to_np(weights)[:, :, :, :][~src_pad[:, None, None, :]
+    assert_array_equal(to_np(weights)[:, :, :, :][~src_pad[:, None, None, :]
                                                              .repeat(2, 1).repeat(4, 2)], 0.0)
 
 
@@ -265,12 +266,12 @@ def test_stacks_match_numpy(norm_first):
     for block in encoder.blocks:
         x = np_encoder_block(block, x, src != 0)
     enc = finish(encoder, x)
-    np.testing.assert_allclose(to_np(encoder(src)), enc, atol=1e-4, rtol=1e-5)
+    assert_allclose(to_np(encoder(src)), enc, atol=1e-4, rtol=1e-5)
     x = embed(decoder, tgt)
     for block in decoder.blocks:
         x = np_decoder_block(block, x, enc, tgt != 0, src != 0)
     kernel, bias = (to_np(w) for w in decoder.output_dense.weights)
-    np.testing.assert_allclose(to_np(model([src, tgt])), finish(decoder, x) @ kernel + bias,
+    assert_allclose(to_np(model([src, tgt])), finish(decoder, x) @ kernel + bias,
                                atol=1e-4, rtol=1e-5)
 
 
@@ -280,7 +281,7 @@ def test_implicit_mask_equals_explicit_padding_mask():
     embedded = keras.layers.Embedding(10, 8, mask_zero=True)(ids)  # carries the mask
     implicit = to_np(block(embedded))
     explicit = to_np(block(to_np(embedded), padding_mask=ids != 0))
-    np.testing.assert_allclose(implicit, explicit, atol=1e-6)
+    assert_allclose(implicit, explicit, atol=1e-6)
     without = to_np(block(to_np(embedded)))
     assert not np.allclose(without[0, :3], explicit[0, :3], atol=1e-3)  # the mask matters
 
@@ -309,7 +310,7 @@ def test_causal_mask_hides_the_future(norm_first):
         changed = tgt.copy()
         changed[:, t] = 18
         out = to_np(model([src, changed]))
-        np.testing.assert_allclose(out[:, :t], base[:, :t], atol=1e-6)
+        assert_allclose(out[:, :t], base[:, :t], atol=1e-6)
         assert np.abs(out[:, t:] - base[:, t:]).max() > 1e-3  # the token does matter
 
 
@@ -323,11 +324,11 @@ def test_source_padding_is_ignored(norm_first):
     encoder = model.get_layer("encoder")
     enc_short, enc_long = to_np(encoder(src_short)), to_np(encoder(src_long))
     valid = src_short != 0
-    np.testing.assert_allclose(enc_long[:, :4][valid], enc_short[valid], atol=1e-5)
+    assert_allclose(enc_long[:, :4][valid], enc_short[valid], atol=1e-5)
     # The padding embedding itself cannot reach the outputs either.
     table = encoder.token_embedding.embeddings
     table.assign(np.concatenate([np.full((1, 16), 50.0), to_np(table)[1:]]).astype("float32"))
-    np.testing.assert_allclose(to_np(model([src_long, tgt])), base, atol=1e-5)
+    assert_allclose(to_np(model([src_long, tgt])), base, atol=1e-5)
     # ... while a real token there would.
     src_real = src_short.copy()
     src_real[1, 2] = 7
@@ -351,9 +352,9 @@ def test_cached_steps_equal_full_forward(norm_first):
     assert (3, 4, 9, 4) in shapes  # (B, H, max_length, head_dim) self-attention caches
     for index in range(tgt.shape[1]):
         logits, state, attention = decoder.decode_step(tgt[:, index], index, state)
-        assert logits.dtype == "float32" and attention.shape == (3, 3, 4, 6)
-        np.testing.assert_allclose(to_np(logits), to_np(full)[:, index], atol=1e-5)
-        np.testing.assert_allclose(to_np(attention), to_np(full_weights)[:, :, :, index],
+        assert dtype_of(logits) == "float32" and attention.shape == (3, 3, 4, 6)
+        assert_allclose(to_np(logits), to_np(full)[:, index], atol=1e-5)
+        assert_allclose(to_np(attention), to_np(full_weights)[:, :, :, index],
                                    atol=1e-5)
         # Static shapes: the cache is updated in place, never grown.
         assert [tuple(t.shape) for t in keras.tree.flatten(state)] == shapes
@@ -381,23 +382,23 @@ def test_save_load_identical_logits_and_greedy(tmp_path):
     path = str(tmp_path / "transformer.keras")
     model.save(path)
     loaded = keras.saving.load_model(path, safe_mode=True)
-    np.testing.assert_array_equal(to_np(loaded([src, tgt])), to_np(model([src, tgt])))
+    assert_array_equal(to_np(loaded([src, tgt])), to_np(model([src, tgt])))
     greedy = to_np(decoding.greedy_search(model, src, 6))
-    np.testing.assert_array_equal(to_np(decoding.greedy_search(loaded, src, 6)), greedy)
+    assert_array_equal(to_np(decoding.greedy_search(loaded, src, 6)), greedy)
     assert len(np.unique(greedy)) > 2  # not a degenerate constant output
 
 
 def test_mixed_bfloat16_forward_gives_finite_float32_logits():
     keras.config.set_dtype_policy("mixed_bfloat16")
     model = small_model(norm_first=False)
-    assert model.outputs[0].dtype == "float32"
+    assert dtype_of(model.outputs[0]) == "float32"
     assert model.get_layer("decoder").blocks[0].ffn.compute_dtype == "bfloat16"
     # The vocabulary projection runs in bfloat16 too; only its logits are cast to float32.
     assert model.get_layer("decoder").output_dense.compute_dtype == "bfloat16"
     src = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 11, 12]], "int32")
     tgt = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
     logits = model([src, tgt])
-    assert logits.dtype == "float32" and np.all(np.isfinite(to_np(logits)))
+    assert dtype_of(logits) == "float32" and np.all(np.isfinite(to_np(logits)))
     tokens = to_np(decoding.greedy_search(model, src, 5))
     assert tokens.shape == (2, 5)
 

@@ -155,7 +155,8 @@ class BahdanauCell(keras.layers.Layer):
     Args:
         units: int, size of the GRU states, of the encoder states and of the attention.
         num_layers: int, number of stacked GRU cells. Defaults to `1`.
-        dropout: float in [0, 1), dropout between GRU cells. Defaults to `0.0`.
+        dropout: float in [0, 1), dropout between GRU cells; the decoder draws one mask per
+            sequence (see `draw_dropout_masks`). Defaults to `0.0`.
         seed: optional int seed for the dropout. Defaults to `None`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
@@ -207,6 +208,25 @@ class BahdanauCell(keras.layers.Layer):
             for i in range(num_layers)
         ]
         self.dropout_layer = Dropout(dropout, seed=seed, name="dropout", dtype=policy)
+        self._dropout_masks = None
+
+    def draw_dropout_masks(self, batch_size) -> None:
+        """Draw the masks between GRU cells for the next sequence (`reset_dropout_masks` ends it).
+
+        Inside a loop a backend compiles (`keras.layers.RNN` on JAX runs a `lax.scan`), a
+        random draw per step would change the seed generator's state from inside the loop, which
+        JAX forbids; like Keras' own GRU dropout, the decoder therefore draws one mask per
+        sequence before the loop (variational dropout, Gal and Ghahramani, 2016). Without drawn
+        masks each step draws its own, which works on TensorFlow and torch only.
+        """
+        if self.dropout > 0 and self.num_layers > 1:
+            ones = ops.ones((batch_size, self.units), self.compute_dtype)
+            self._dropout_masks = [
+                self.dropout_layer(ones, training=True) for _ in range(self.num_layers - 1)
+            ]
+
+    def reset_dropout_masks(self) -> None:
+        self._dropout_masks = None
 
     def build(self, inputs_shape):
         batch_size = inputs_shape[0]
@@ -239,8 +259,9 @@ class BahdanauCell(keras.layers.Layer):
         x = ops.concatenate([context, y_prev], axis=-1)  # [c_{t'}; y_{t'-1}]
         new_states = []
         for i, gru in enumerate(self.grus):
-            if i > 0:
-                x = self.dropout_layer(x, training=training)
+            if i > 0 and training and self.dropout > 0:
+                masks = self._dropout_masks
+                x = self.dropout_layer(x, training=True) if masks is None else x * masks[i - 1]
             x, _ = gru(x, states[i], training=training)  # s_{t'} of layer i: (B, units)
             new_states.append(x)
         return x, [*new_states, values, keys, source_mask], alpha
@@ -277,7 +298,8 @@ class BahdanauDecoder(keras.layers.Layer):
         embed_dim: int, size of the token embeddings.
         units: int, size of the GRU states and of the attention; must equal the encoder's.
         num_layers: int, number of stacked GRU cells; must equal the encoder's. Defaults to `1`.
-        dropout: float in [0, 1), dropout between GRU cells. Defaults to `0.0`.
+        dropout: float in [0, 1), dropout between GRU cells, one mask per sequence (variational,
+            as Keras' GRU `dropout`). Defaults to `0.0`.
         seed: optional int seed for the dropout. Defaults to `None`.
         **kwargs: base layer keyword arguments (`name`, `dtype`, ...).
 
@@ -366,7 +388,12 @@ class BahdanauDecoder(keras.layers.Layer):
     ):
         initial_state = self.cell.initial_state(encoder_outputs, source_mask)
         embedded = self.embedding(target_ids)  # (B, T, embed_dim)
-        outputs = self.rnn(embedded, initial_state=initial_state, training=training)  # (B, T, u)
+        if training:
+            self.cell.draw_dropout_masks(ops.shape(target_ids)[0])
+        try:
+            outputs = self.rnn(embedded, initial_state=initial_state, training=training)  # (B,T,u)
+        finally:
+            self.cell.reset_dropout_masks()
         logits = ops.cast(self.output_dense(outputs), "float32")  # (B, T, vocab_size)
         if not return_attention_scores:
             return logits
