@@ -14,6 +14,12 @@ softmax run in float32 whatever the input dtype.
 """
 
 from keras_attn.ops.attention import IMPLEMENTATIONS, dot_product_attention
+from keras_attn.ops.dense_masks import (
+    causal_mask,
+    local_attention_mask,
+    merge_masks,
+    valid_lens_mask,
+)
 from keras_attn.ops.dropout import dropout
 from keras_attn.ops.heads import merge_heads, split_heads
 from keras_attn.ops.kernels.linear import (
@@ -22,14 +28,7 @@ from keras_attn.ops.kernels.linear import (
     linear_attention_weights,
 )
 from keras_attn.ops.local import local_dot_product_attention
-from keras_attn.ops.masks import (
-    AttentionMask,
-    causal_mask,
-    local_attention_mask,
-    merge_masks,
-    sequence_mask,
-    valid_lens_mask,
-)
+from keras_attn.ops.masks import AttentionMask, sequence_mask
 from keras_attn.ops.position import (
     AlibiBias,
     PositionBias,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn._checks import check_positive_int
-from keras_attn.ops.masks import causal_mask, merge_masks
+from keras_attn.ops.dense_masks import causal_mask, merge_masks
 
 
 def elu_feature_map(x):
