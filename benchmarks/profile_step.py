@@ -35,8 +35,12 @@ def parse_args(argv=None):
     return own, bf16_args(rest)
 
 
-def op_times(logdir: str, steps: int) -> collections.Counter:
-    """ms per step by op type, from the profiler's XPlane file."""
+def op_times(logdir: str, steps: int, keys=lambda name, op_type: (op_type,)
+             ) -> collections.Counter:
+    """ms per step by op type, from the profiler's XPlane file.
+
+    `keys(op_name, op_type)` gives the keys an op's time is added to (default: its type).
+    """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
@@ -53,7 +57,8 @@ def op_times(logdir: str, steps: int) -> collections.Counter:
                     continue
                 op_type = name.rsplit(":", 1)[1]
                 if op_type not in ("Run", "Process") and "__inference" not in op_type:
-                    totals[op_type] += event.duration_ps / 1e9 / steps
+                    for key in keys(name, op_type):
+                        totals[key] += event.duration_ps / 1e9 / steps
     return totals
 
 

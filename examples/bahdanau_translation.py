@@ -21,10 +21,12 @@ from translation_common import parse_args, run
 DEFAULTS = {
     "dates": {"num_examples": 20000, "epochs": 10, "batch_size": 128, "learning_rate": 3e-3,
               "out": "runs/bahdanau", "embed_dim": 32, "units": 128, "num_layers": 1,
-              "dropout": 0.1},
+              "dropout": 0.1, "label_smoothing": 0.0, "warmup_steps": 0,
+              "precision": "float32"},
     "tatoeba": {"num_examples": None, "epochs": 15, "batch_size": 128, "learning_rate": 1e-3,
                 "out": "runs/bahdanau_tatoeba", "embed_dim": 128, "units": 256, "num_layers": 2,
-                "dropout": 0.2, "max_length": 12, "min_freq": 2},
+                "dropout": 0.2, "max_length": 12, "min_freq": 2, "label_smoothing": 0.0,
+                "warmup_steps": 0, "precision": "float32"},
 }
 
 MODEL_FLAGS = {

@@ -5,8 +5,9 @@ Tatoeba/Anki export given with `--data`), then prints exact match and corpus BLE
 scale of sacrebleu) on the test split with a few sample translations, draws their
 cross-attention heatmaps, and exports a SavedModel whose `translate` signature serves raw
 strings. Everything a run makes goes into `--out`: `metrics.json`, `history.png`,
-`attention_<i>.png` and `saved_model/` (unless `--export-dir` says otherwise); a run refuses to
-replace an earlier run's results unless `--overwrite` is given.
+`attention_<i>.png`, `model.keras` (the trained Keras model) and `saved_model/` (unless
+`--export-dir` says otherwise); a run refuses to replace an earlier run's results unless
+`--overwrite` is given.
 """
 
 from __future__ import annotations
@@ -120,7 +121,18 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
                         help="continue an interrupted run from OUT/backup (with multi_worker, "
                              "OUT must be storage that every worker sees)")
     parser.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"),
-                        default="float32", help="(default: %(default)s)")
+                        default=None, help="Keras dtype policy of training "
+                        + _default_text(defaults, "precision"))
+    parser.add_argument("--label-smoothing", type=float, default=None,
+                        help="mass of each target token spread over the vocabulary in the loss "
+                             + _default_text(defaults, "label_smoothing"))
+    parser.add_argument("--warmup-steps", type=int, default=None,
+                        help="steps of linear learning-rate warm-up before the cosine decay "
+                             + _default_text(defaults, "warmup_steps"))
+    parser.add_argument("--pad-to-max", action="store_true",
+                        help="pad every batch (training and validation) to the longest "
+                             "sentence allowed instead of batching sentences of equal length "
+                             "(slower; for comparison)")
     parser.add_argument("--max-test", type=int, default=2000,
                         help="test pairs to decode for the scores (default: %(default)s)")
     # Testing hook: stop as if killed after this many epochs (the backup survives).
@@ -220,18 +232,16 @@ def translate(model, data, sources: list[str], beam_size: int, return_attention=
     return strings
 
 
-def score(model, data, args) -> tuple[dict, list]:
-    """Exact match (a fraction) and corpus BLEU (0-100) of the test split, and the predictions.
+def held_out_scores(data, pairs, predictions: list[str]) -> dict:
+    """Exact match (a fraction) and corpus BLEU (0-100) of `predictions` for `pairs`.
 
     BLEU is `keras_attn.metrics.corpus_bleu` times 100, the scale sacrebleu reports, over
     characters for the dates (whose targets are character tokens) and over words otherwise.
     """
     from keras_attn.metrics import corpus_bleu, exact_match
 
-    pairs = data.test[: args.max_test]
     references = [data.target_joiner.join(target.split()) for _, target in pairs]
-    predictions = translate(model, data, [s for s, _ in pairs], args.beam_size)
-    split = (lambda s: list(s)) if data.target_joiner == "" else (lambda s: s.split())
+    split = list if data.target_joiner == "" else str.split
     bleu = corpus_bleu([split(p) for p in predictions], [split(r) for r in references])
     return {
         "exact_match": exact_match(predictions, references),
@@ -239,7 +249,17 @@ def score(model, data, args) -> tuple[dict, list]:
         "bleu_scale": "0-100",
         "bleu_tokens": "characters" if data.target_joiner == "" else "words",
         "num_test": len(pairs),
-    }, list(zip([s for s, _ in pairs], predictions, references))
+    }
+
+
+def score(model, data, args) -> tuple[dict, list]:
+    """`held_out_scores` of the first `--max-test` test pairs, and `(source, prediction,
+    reference)` for each."""
+    pairs = data.test[: args.max_test]
+    predictions = translate(model, data, [s for s, _ in pairs], args.beam_size)
+    references = [data.target_joiner.join(target.split()) for _, target in pairs]
+    return (held_out_scores(data, pairs, predictions),
+            list(zip([s for s, _ in pairs], predictions, references)))
 
 
 def draw_attention(model, data, sources: list[str], out_dir: str,
@@ -307,35 +327,39 @@ def _table(rows: list[tuple[str, str, str]]) -> list[str]:
             for a, b, note in shown]
 
 
+def print_samples(samples: list[tuple[str, str, str]], raw: dict[str, str]) -> None:
+    """Prints `(source, prediction, reference)` triples, each source as the user wrote it."""
+    print("sample test translations (input as written -> model output):")
+    print("\n".join(_table([
+        (raw.get(source, source), prediction,
+         "correct" if prediction == reference else f"expected {reference!r}")
+        for source, prediction, reference in samples])))
+
+
 # Inputs a served translator meets that it was not trained on, shown after the export.
 ODD_INPUTS = ("", "hello world")
 
 
-def check_export(model, data, args, raw_texts: list[str]) -> dict:
-    """Exports the translator, serves `raw_texts` (and `ODD_INPUTS`) with the reloaded
-    SavedModel, prints the outputs with their scores, and compares them with Python."""
+def served_inputs(data, raw_texts: list[str]):
+    """`raw_texts`, `ODD_INPUTS` and the first text repeated until it is longer than the source
+    length, as a string tensor `(N,)`: what `check_export` serves."""
+    import tensorflow as tf
+
+    repeats = data.source_length // max(1, len(data.standardize(raw_texts[0]).split())) + 1
+    return tf.constant(list(raw_texts) + list(ODD_INPUTS) + [" ".join(raw_texts[:1] * repeats)])
+
+
+def serve_and_compare(export_dir: str, texts, in_python: dict, data, score_help: str) -> bool:
+    """Serves `texts` with the reloaded SavedModel's `translate` signature, prints what it
+    returns, and whether it equals `in_python` (the same function's outputs in Python)."""
     import numpy as np
     import tensorflow as tf
 
-    from keras_attn.export import export_translator, make_translate_fn
-
-    if args.overwrite:
-        clear_export_dir(args.export_dir)
-    export_translator(model, data.source_vectorizer, data.target_vectorizer, args.export_dir,
-                      max_length=data.target_length, beam_size=args.beam_size,
-                      standardize=data.standardize_tf, joiner=data.target_joiner)
-    # The first sample repeated until it is longer than the source length.
-    repeats = data.source_length // max(1, len(data.standardize(raw_texts[0]).split())) + 1
-    texts = tf.constant(list(raw_texts) + list(ODD_INPUTS) + [" ".join(raw_texts[:1] * repeats)])
-    served = tf.saved_model.load(args.export_dir).signatures["translate"](text=texts)
-    in_python = make_translate_fn(model, data.source_vectorizer,
-                                  data.target_vectorizer.get_vocabulary(), data.target_length,
-                                  args.beam_size, standardize=data.standardize_tf,
-                                  joiner=data.target_joiner)(texts)
+    served = tf.saved_model.load(export_dir).signatures["translate"](text=texts)
     matches = (all(bool(tf.reduce_all(served[key] == in_python[key]))
                    for key in ("translation", "truncated"))
                and bool(np.allclose(served["score"], in_python["score"], atol=1e-4)))
-    print(f"exported to {args.export_dir}/; its `translate` signature, served with TensorFlow "
+    print(f"exported to {export_dir}/; its `translate` signature, served with TensorFlow "
           "alone:")
     rows = [(text.decode(), translation.decode(),
              f"score {value:7.3f}" + ("  truncated" if truncated else ""))
@@ -343,11 +367,69 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
                 texts.numpy(), served["translation"].numpy(), served["score"].numpy(),
                 served["truncated"].numpy())]
     print("\n".join(_table(rows)))
-    print("  score: length-normalised log-probability (0 = sure, lower = less sure, -inf = "
-          "empty input);\n"
+    print(f"  {score_help};\n"
           f"  truncated: the input had more than {data.source_length} tokens. "
           f"Same outputs as translating in Python: {matches}")
+    return matches
+
+
+def check_export(model, data, args, raw_texts: list[str]) -> dict:
+    """Exports the translator, serves `raw_texts` (and `ODD_INPUTS`) with the reloaded
+    SavedModel, prints the outputs with their scores, and compares them with Python."""
+    from keras_attn.export import export_translator, make_translate_fn
+
+    if args.overwrite:
+        clear_export_dir(args.export_dir)
+    export_translator(model, data.source_vectorizer, data.target_vectorizer, args.export_dir,
+                      max_length=data.target_length, beam_size=args.beam_size,
+                      standardize=data.standardize_tf, joiner=data.target_joiner)
+    texts = served_inputs(data, raw_texts)
+    in_python = make_translate_fn(model, data.source_vectorizer,
+                                  data.target_vectorizer.get_vocabulary(), data.target_length,
+                                  args.beam_size, standardize=data.standardize_tf,
+                                  joiner=data.target_joiner)(texts)
+    matches = serve_and_compare(
+        args.export_dir, texts, in_python, data,
+        "score: length-normalised log-probability (0 = sure, lower = less sure, -inf = "
+        "empty input)")
     return {"export_dir": args.export_dir, "export_matches_python": matches}
+
+
+def optimizer(args, steps_per_epoch: int):
+    """Adam with gradient clipping, a linear warm-up of `args.warmup_steps` to
+    `args.learning_rate`, then a cosine decay to 2% of it at the end of `args.epochs` epochs of
+    `steps_per_epoch` steps (the training dataset's `cardinality()`)."""
+    import keras
+
+    steps = args.epochs * steps_per_epoch
+    if not 0 <= args.warmup_steps < steps:
+        raise ValueError(
+            f"Argument `--warmup-steps` must be at least 0 and below the {steps} training "
+            f"steps ({args.epochs} epochs of {steps_per_epoch}). "
+            f"Received: --warmup-steps {args.warmup_steps}")
+    warmup = args.warmup_steps
+    learning_rate = keras.optimizers.schedules.CosineDecay(
+        0.0 if warmup else args.learning_rate, steps - warmup, alpha=0.02,
+        warmup_target=args.learning_rate if warmup else None, warmup_steps=warmup)
+    return keras.optimizers.Adam(learning_rate, clipnorm=1.0)
+
+
+def compile_translator(model, args, steps_per_epoch: int) -> None:
+    """Compiles `model` as the examples train it: `optimizer(args, steps_per_epoch)`, the masked
+    cross-entropy with `args.label_smoothing`, masked token accuracy."""
+    from keras_attn.metrics import MaskedAccuracy, MaskedSequenceLoss
+
+    model.compile(optimizer=optimizer(args, steps_per_epoch),
+                  loss=MaskedSequenceLoss(label_smoothing=args.label_smoothing),
+                  metrics=[MaskedAccuracy()])
+
+
+def training_dataset(data, args):
+    """The shuffled training batches: pairs of equal length batched together and cut to their
+    longest sentence (`TranslationData.make_dataset(group_by_length=True)`), unless
+    `--pad-to-max`."""
+    return data.make_dataset("train", args.batch_size, shuffle=True, seed=args.seed,
+                             group_by_length=not args.pad_to_max)
 
 
 def run(name: str, args, build_model: Callable) -> dict:
@@ -357,7 +439,6 @@ def run(name: str, args, build_model: Callable) -> dict:
     import keras
 
     from keras_attn.distribute import WorkerBackupAndRestore, is_chief, shard_by_data
-    from keras_attn.metrics import MaskedAccuracy, MaskedSequenceLoss
     from keras_attn.viz import plot_history
 
     if args.batch_size % strategy.num_replicas_in_sync:
@@ -378,17 +459,16 @@ def run(name: str, args, build_model: Callable) -> dict:
           f"{len(data.test)} test pairs; vocab {data.source_vocab_size} -> "
           f"{data.target_vocab_size}; lengths {data.source_length} -> {data.target_length}")
 
-    steps = args.epochs * -(-len(data.train) // args.batch_size)
-    learning_rate = keras.optimizers.schedules.CosineDecay(args.learning_rate, steps, alpha=0.02)
+    train = training_dataset(data, args)
+    validation = (data.make_dataset("validation", args.batch_size,
+                                    group_by_length=not args.pad_to_max)
+                  if data.validation else None)
     with strategy.scope():
         model = build_model(data, args)
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate, clipnorm=1.0),
-                      loss=MaskedSequenceLoss(), metrics=[MaskedAccuracy()])
+        compile_translator(model, args, int(train.cardinality()))
     callbacks = [WorkerBackupAndRestore(backup, strategy)]
     if args.interrupt_after is not None:
         callbacks.append(_Interrupt(args.interrupt_after))
-    train = data.make_dataset("train", args.batch_size, shuffle=True, seed=args.seed)
-    validation = data.make_dataset("validation", args.batch_size) if data.validation else None
     if args.strategy == "multi_worker":  # each worker keeps its slice of every global batch
         train = shard_by_data(train)
         validation = shard_by_data(validation) if validation is not None else None
@@ -402,6 +482,7 @@ def run(name: str, args, build_model: Callable) -> dict:
         print("training done; the chief writes metrics, plots and the export")
         return {"epochs_run": len(history.history.get("loss", [])), "chief": False}
 
+    model.save(os.path.join(args.out, "model.keras"))
     metrics, samples = score(model, data, args)
     metrics.update(train_seconds=train_seconds, epochs=args.epochs, task=args.task,
                    epochs_run=len(history.history.get("loss", [])),
@@ -413,11 +494,7 @@ def run(name: str, args, build_model: Callable) -> dict:
     print(f"test exact match {100 * metrics['exact_match']:.2f}% ({correct} of "
           f"{metrics['num_test']} held-out pairs), corpus BLEU {metrics['bleu']:.2f} "
           f"(0-100, over {metrics['bleu_tokens']}); {train_seconds:.0f} s of training")
-    print("sample test translations (input as written -> model output):")
-    print("\n".join(_table([
-        (raw.get(source, source), prediction,
-         "correct" if prediction == reference else f"expected {reference!r}")
-        for source, prediction, reference in samples[:5]])))
+    print_samples(samples[:5], raw)
 
     draw_attention(model, data, [s for s, _, _ in samples[:3]], args.out, raw)
     if history.history:

@@ -28,6 +28,10 @@ Two signatures are written:
       the flag must be checked.
 - `serve`: the plain forward pass, `source_ids` (int32, `[None, Ls]`) and `target_in_ids`
   (int32, `[None, Lt]`) → `logits` (float32, `[None, Lt, vocab]`), as Keras' `model.export` does.
+
+`export_nat_translator` writes the same `translate` signature for a non-autoregressive
+`nat_seq2seq` model decoded by Mask-Predict (its `score` is the mean log-probability of the
+output tokens), and a `serve` signature with its two outputs.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import tensorflow as tf
 
 from keras_attn import decoding
 from keras_attn._checks import check_number, check_positive_int
+from keras_attn.decoding.mask_predict import check_mask_predict_args
 from keras_attn.tokens import FIRST_WORD_ID, UNK_ID
 
 # Splits of `TextVectorization` whose token count the exported graph reproduces exactly.
@@ -75,6 +80,58 @@ def _count_tokens(tokens: tf.Tensor, split: str) -> tf.Tensor:
     return tf.cast(tf.strings.split(tokens).row_lengths(), "int32")  # whitespace runs
 
 
+def _text_fn(
+    source_vectorizer: keras.layers.TextVectorization,
+    target_vocabulary: list[str],
+    decode: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]],
+    standardize: Callable[[tf.Tensor], tf.Tensor] | None,
+    joiner: str,
+) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
+    """Text in, text out around `decode(source_ids (B, Ls)) -> (ids (B, T), scores (B,))`,
+    whose ids are tokens, then `<eos>`, then padding: the `translate` signature's function."""
+    config = source_vectorizer.get_config()
+    source_length, split = config["output_sequence_length"], config["split"]
+    vocabulary = tf.constant(list(target_vocabulary))
+
+    def translate(text: tf.Tensor) -> dict[str, tf.Tensor]:
+        tokens = standardize(text) if standardize is not None else text
+        num_tokens = _count_tokens(tokens, split)  # (B,)
+        source_ids = tf.cast(source_vectorizer(tokens), "int32")  # (B, Ls), PAD_ID = padding
+        ids, scores = decode(source_ids)
+        ids = tf.cast(ids, "int32")  # (B, T): tokens, <eos>, then padding
+        words = tf.gather(vocabulary, ids)  # (B, T) strings
+        # Words and [UNK] are kept; padding, <bos> and <eos> are dropped.
+        keep = tf.logical_or(ids >= FIRST_WORD_ID, tf.equal(ids, UNK_ID))
+        translation = tf.strings.reduce_join(tf.ragged.boolean_mask(words, keep), axis=-1,
+                                             separator=joiner)  # (B,)
+        empty = tf.equal(num_tokens, 0)  # (B,): nothing to translate
+        return {
+            "translation": tf.where(empty, tf.constant(""), translation),
+            "score": tf.where(empty, tf.constant(float("-inf")), tf.cast(scores, "float32")),
+            "truncated": num_tokens > source_length,
+        }
+
+    return translate
+
+
+def _write_archive(path: str, model: keras.Model, source_vectorizer, translate: Callable,
+                   serve: Callable, serve_signature: list) -> str:
+    """A SavedModel at `path` with the `translate` (text) and `serve` (ids) endpoints."""
+    if not source_vectorizer.built:  # a vectorizer never called yet cannot be tracked
+        source_vectorizer(tf.constant([""]))
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(source_vectorizer)
+    archive.add_endpoint(
+        name="translate",
+        fn=translate,
+        input_signature=[tf.TensorSpec([None], tf.string, name="text")],
+    )
+    archive.add_endpoint(name="serve", fn=serve, input_signature=serve_signature)
+    archive.write_out(path, verbose=False)
+    return path
+
+
 def make_translate_fn(
     model: keras.Model,
     source_vectorizer: keras.layers.TextVectorization,
@@ -99,37 +156,15 @@ def make_translate_fn(
     check_positive_int("beam_size", beam_size)
     check_positive_int("max_length", max_length)
     check_number("length_penalty", length_penalty, 0)
-    config = source_vectorizer.get_config()
-    source_length, split = config["output_sequence_length"], config["split"]
-    vocabulary = tf.constant(list(target_vocabulary))
 
-    def translate(text: tf.Tensor) -> dict[str, tf.Tensor]:
-        tokens = standardize(text) if standardize is not None else text
-        num_tokens = _count_tokens(tokens, split)  # (B,)
-        source_ids = tf.cast(source_vectorizer(tokens), "int32")  # (B, Ls), PAD_ID = padding
+    def decode(source_ids):
         if beam_size == 1:
-            ids, scores = decoding.greedy_search(model, source_ids, max_length,
-                                                 return_scores=True,
-                                                 length_penalty=length_penalty)
-        else:
-            ids, scores = decoding.beam_search(model, source_ids, max_length,
-                                               beam_size=beam_size,
-                                               length_penalty=length_penalty,
-                                               return_scores=True)
-        ids = tf.cast(ids, "int32")  # (B, max_length): tokens, <eos>, then padding
-        words = tf.gather(vocabulary, ids)  # (B, max_length) strings
-        # Words and [UNK] are kept; padding, <bos> and <eos> are dropped.
-        keep = tf.logical_or(ids >= FIRST_WORD_ID, tf.equal(ids, UNK_ID))
-        translation = tf.strings.reduce_join(tf.ragged.boolean_mask(words, keep), axis=-1,
-                                             separator=joiner)  # (B,)
-        empty = tf.equal(num_tokens, 0)  # (B,): nothing to translate
-        return {
-            "translation": tf.where(empty, tf.constant(""), translation),
-            "score": tf.where(empty, tf.constant(float("-inf")), tf.cast(scores, "float32")),
-            "truncated": num_tokens > source_length,
-        }
+            return decoding.greedy_search(model, source_ids, max_length, return_scores=True,
+                                          length_penalty=length_penalty)
+        return decoding.beam_search(model, source_ids, max_length, beam_size=beam_size,
+                                    length_penalty=length_penalty, return_scores=True)
 
-    return translate
+    return _text_fn(source_vectorizer, target_vocabulary, decode, standardize, joiner)
 
 
 def export_translator(
@@ -184,23 +219,111 @@ def export_translator(
         length_penalty, standardize, joiner,
     )
 
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.track(source_vectorizer)
-    archive.add_endpoint(
-        name="translate",
-        fn=translate,
-        input_signature=[tf.TensorSpec([None], tf.string, name="text")],
-    )
-    archive.add_endpoint(
-        name="serve",
-        fn=lambda source_ids, target_in_ids: {
+    return _write_archive(
+        path, model, source_vectorizer, translate,
+        serve=lambda source_ids, target_in_ids: {
             "logits": tf.cast(model([source_ids, target_in_ids], training=False), "float32")
         },
-        input_signature=[
+        serve_signature=[
             tf.TensorSpec([None, source_length], tf.int32, name="source_ids"),
             tf.TensorSpec([None, target_length], tf.int32, name="target_in_ids"),
         ],
     )
-    archive.write_out(path, verbose=False)
-    return path
+
+
+def make_nat_translate_fn(
+    model: keras.Model,
+    source_vectorizer: keras.layers.TextVectorization,
+    target_vocabulary: list[str],
+    max_length: int | None = None,
+    iterations: int = 10,
+    standardize: Callable[[tf.Tensor], tf.Tensor] | None = None,
+    joiner: str = " ",
+    length_beam: int = 1,
+) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
+    """The graph function behind the `translate` signature of `export_nat_translator`.
+
+    Arguments are those of `export_nat_translator` (`target_vocabulary` is the target
+    vectorizer's `get_vocabulary()`).
+
+    Returns:
+        A function of a string tensor `text` `(B,)` returning a dict with `translation`
+        (tf.string `(B,)`), `score` (float32 `(B,)`, the mean log-probability of the output
+        tokens) and `truncated` (bool `(B,)`).
+    """
+    _check_vectorizer("source_vectorizer", source_vectorizer)
+    max_length = check_mask_predict_args(model, iterations, length_beam, max_length)
+
+    def decode(source_ids):
+        return decoding.mask_predict(model, source_ids, iterations, length_beam=length_beam,
+                                     max_length=max_length)
+
+    return _text_fn(source_vectorizer, target_vocabulary, decode, standardize, joiner)
+
+
+def export_nat_translator(
+    model: keras.Model,
+    source_vectorizer: keras.layers.TextVectorization,
+    target_vectorizer: keras.layers.TextVectorization,
+    export_dir: str,
+    max_length: int | None = None,
+    iterations: int = 10,
+    standardize: Callable[[tf.Tensor], tf.Tensor] | None = None,
+    joiner: str = " ",
+    length_beam: int = 1,
+) -> str:
+    """Write a SavedModel of a non-autoregressive (`nat_seq2seq`) translator.
+
+    Its `translate` signature is that of `export_translator` (`text` in; `translation`,
+    `score`, `truncated` out; empty input: `""` and `-inf`), decoded with
+    `keras_attn.decoding.mask_predict`; `score` is the mean log-probability of the output
+    tokens (at most 0), with no length normaliser. Its `serve` signature is the forward pass:
+    `source_ids` (int32 `[None, Ls]`) and `masked_target_ids` (int32 `[None, T]`, `T` the
+    model's `max_target_length`) -> `token_logits` (float32 `[None, T, vocab]`) and
+    `length_logits` (float32 `[None, T + 1]`).
+
+    Args:
+        model: a `keras_attn.models.nat_seq2seq` model.
+        source_vectorizer: the source `TextVectorization` (as for `export_translator`).
+        target_vectorizer: the target `TextVectorization`; its vocabulary detokenizes.
+        export_dir: str, the SavedModel directory to write.
+        max_length: int, the longest output, at most the model's `max_target_length`.
+            Defaults to `None` (the model's `max_target_length`).
+        iterations: int >= 1, Mask-Predict iterations. Defaults to `10`.
+        standardize: optional `tf.strings` preprocessing of the raw text (as for
+            `export_translator`). Defaults to `None`.
+        joiner: str placed between output tokens. Defaults to `" "`.
+        length_beam: int >= 1, candidate lengths decoded per input; the one with the best
+            mean log-probability is served. Defaults to `1`.
+
+    Returns:
+        `export_dir`.
+
+    Example:
+    >>> export_nat_translator(model, data.source_vectorizer, data.target_vectorizer,
+    ...                       "runs/nat/saved_model", iterations=10,
+    ...                       standardize=data.standardize_tf, joiner=data.target_joiner)
+    >>> translator = tf.saved_model.load("runs/nat/saved_model")
+    >>> translator.signatures["translate"](text=tf.constant(["march 3rd, 2021"]))
+    """
+    _check_vectorizer("source_vectorizer", source_vectorizer)
+    _check_vectorizer("target_vectorizer", target_vectorizer)
+    translate = make_nat_translate_fn(
+        model, source_vectorizer, target_vectorizer.get_vocabulary(), max_length, iterations,
+        standardize, joiner, length_beam,
+    )
+    source_length = source_vectorizer.get_config()["output_sequence_length"]
+    target_length = int(model.get_layer("length_predictor").max_length)
+
+    def serve(source_ids, masked_target_ids):
+        token_logits, length_logits = model([source_ids, masked_target_ids], training=False)
+        return {"token_logits": tf.cast(token_logits, "float32"),
+                "length_logits": tf.cast(length_logits, "float32")}
+
+    return _write_archive(
+        export_dir, model, source_vectorizer, translate, serve,
+        serve_signature=[
+            tf.TensorSpec([None, source_length], tf.int32, name="source_ids"),
+            tf.TensorSpec([None, target_length], tf.int32, name="masked_target_ids"),
+        ],
+    )

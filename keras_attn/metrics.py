@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import keras
 from keras import ops
 
+from keras_attn._checks import as_rate
 from keras_attn.tokens import PAD_ID  # re-exported: `keras_attn.metrics.PAD_ID` stays
 
 
@@ -163,39 +164,55 @@ def masked_sparse_categorical_crossentropy(y_true, y_pred):
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MaskedSequenceLoss(keras.losses.Loss):
-    """`masked_sparse_categorical_crossentropy` as a `keras.losses.Loss`.
+    """`masked_sparse_categorical_crossentropy` as a `keras.losses.Loss`, with label smoothing.
 
     `call` gives one value per sequence, its share of the token mean (its summed token losses
     times `B / tokens in the batch`), so that Keras' `"sum_over_batch_size"` reduction gives
     the token mean and, under `tf.distribute`, divides by the number of replicas as it does
     for every per-example loss (a scalar here would be summed over the replicas instead).
 
+    With `label_smoothing = e`, each token's loss is `(1 - e) * (-log p[y]) + e * mean_v
+    (-log p[v])`: the cross-entropy against a target that puts `e` of its mass uniformly over
+    the vocabulary (Szegedy et al., 2016), as `keras.losses.CategoricalCrossentropy` does.
+
     Args:
+        label_smoothing: float in [0, 1), the mass moved to the uniform distribution.
+            Defaults to `0.0`.
         name: str. Defaults to `"masked_sequence_loss"`.
         reduction: see `keras.losses.Loss`. Defaults to `"sum_over_batch_size"`.
 
     Example:
-    >>> model.compile(optimizer="adam", loss=MaskedSequenceLoss(), metrics=[MaskedAccuracy()])
+    >>> model.compile(optimizer="adam", loss=MaskedSequenceLoss(label_smoothing=0.1),
+    ...               metrics=[MaskedAccuracy()])
     """
 
     def __init__(
         self,
+        label_smoothing: float = 0.0,
         name: str = "masked_sequence_loss",
         reduction="sum_over_batch_size",
         **kwargs,
     ):
+        label_smoothing = as_rate("label_smoothing", label_smoothing)
         # float32 whatever the global policy: the loss is never computed in half precision.
         kwargs.pop("dtype", None)
         super().__init__(name=name, reduction=reduction, dtype="float32", **kwargs)
+        self.label_smoothing = label_smoothing
 
     def call(self, y_true, y_pred):
         y_true = ops.cast(y_true, "int32")
-        losses = ops.sparse_categorical_crossentropy(
-            y_true, ops.cast(y_pred, "float32"), from_logits=True)  # (B, T)
+        logits = ops.cast(y_pred, "float32")
+        losses = ops.sparse_categorical_crossentropy(y_true, logits, from_logits=True)  # (B, T)
+        if self.label_smoothing:
+            uniform = -ops.mean(ops.log_softmax(logits, axis=-1), axis=-1)  # (B, T)
+            losses = (1.0 - self.label_smoothing) * losses + self.label_smoothing * uniform
         mask = ops.cast(ops.not_equal(y_true, PAD_ID), "float32")
         per_sequence = ops.sum(losses * mask, axis=-1)  # (B,)
         batch = ops.cast(ops.shape(y_true)[0], "float32")
         return ops.divide_no_nan(per_sequence * batch, ops.sum(mask))  # mean = token mean
+
+    def get_config(self):
+        return {**super().get_config(), "label_smoothing": self.label_smoothing}
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

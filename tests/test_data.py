@@ -472,6 +472,52 @@ def _short_pairs(num_pairs=50):
     return lines, lengths
 
 
+def test_group_by_length_batches_equal_lengths_cut_to_their_longest(tmp_path):
+    lines, _ = _short_pairs(120)
+    path = tmp_path / "pairs.txt"
+    path.write_text("".join(lines), encoding="utf-8")
+    data = pairs.load_tatoeba(str(path), max_length=(8, 9), test_fraction=0.1, seed=0,
+                              verbose=0)
+
+    def rows(dataset):
+        """Every example of the dataset, its padding removed, and the batches' shapes."""
+        found, shapes = [], []
+        for (source, target_in), target_out in dataset:
+            shapes.append((source.shape, target_in.shape, target_out.shape))
+            for s, t_in, t_out in zip(source.numpy(), target_in.numpy(), target_out.numpy()):
+                found.append((tuple(s[s != 0]), tuple(t_in[t_in != 0]),
+                              tuple(t_out[t_out != 0])))
+        return found, shapes
+
+    padded, padded_shapes = rows(data.make_dataset("train", batch_size=8))
+    grouped_dataset = data.make_dataset("train", batch_size=8, shuffle=True, seed=1,
+                                        group_by_length=True)
+    grouped, shapes = rows(grouped_dataset)
+    assert sorted(grouped) == sorted(padded)  # every pair once, nothing cut but padding
+    assert int(grouped_dataset.cardinality()) == len(shapes)  # declared for Keras' progress bar
+    assert {shape[0][1] for shape in padded_shapes} == {data.source_length}
+    start = 0
+    for source_shape, target_in_shape, target_out_shape in shapes:
+        batch = grouped[start:start + source_shape[0]]
+        start += source_shape[0]
+        assert source_shape[0] <= 8 and target_in_shape == target_out_shape
+        # one length per batch: the longer side of each pair
+        assert len({max(len(s), len(t)) for s, t, _ in batch}) == 1
+        # cut to the batch's longest sentence on each side, no further
+        assert source_shape[1] == max(len(s) for s, _, _ in batch)
+        assert target_in_shape[1] == max(len(t) for _, t, _ in batch)
+    assert len({shape[0][1] for shape in shapes}) > 1  # lengths vary from batch to batch
+    grouped_positions = sum(s[0] * s[1] + t[0] * t[1] for s, t, _ in shapes)
+    padded_positions = sum(s[0] * s[1] + t[0] * t[1] for s, t, _ in padded_shapes)
+    assert grouped_positions < 0.8 * padded_positions
+    # drop_remainder keeps only full batches
+    full = data.make_dataset("train", batch_size=8, group_by_length=True, drop_remainder=True)
+    assert all(source.shape[0] == 8 for (source, _), _ in full)
+    assert int(full.cardinality()) == sum(1 for _ in full)
+    with pytest.raises(ValueError, match="group_by_length"):
+        data.make_dataset("train", batch_size=8, group_by_length="yes")
+
+
 @pytest.mark.parametrize("long_side", ["source", "target", "both"])
 @pytest.mark.parametrize("seed, runaway_split", [(0, 0), (3, 2)])  # 0 train, 2 test
 def test_one_runaway_line_does_not_set_the_lengths(

@@ -196,6 +196,31 @@ def test_masked_loss_matches_numpy_and_ignores_padding():
     assert float(all_padding) == 0.0
 
 
+@pytest.mark.parametrize("smoothing", [0.1, 0.3])
+def test_label_smoothing_matches_the_smoothed_target_cross_entropy(smoothing):
+    y_true, logits = _batch()
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    vocab = logits.shape[-1]
+    target = np.full(logits.shape, smoothing / vocab)  # (1 - e) one-hot + e uniform
+    rows, cols = np.indices(y_true.shape)
+    target[rows, cols, y_true] += 1.0 - smoothing
+    per_token = -(target * log_p).sum(-1)
+    mask = y_true != 0
+    expected = per_token[mask].mean()
+    loss = metrics.MaskedSequenceLoss(label_smoothing=smoothing)
+    assert_allclose(keras.ops.convert_to_numpy(loss(y_true, logits)), expected, rtol=1e-5)
+    unsmoothed = keras.ops.convert_to_numpy(metrics.MaskedSequenceLoss()(y_true, logits))
+    assert abs(float(unsmoothed) - expected) > 1e-3  # smoothing changes the value
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(loss))
+    assert restored.label_smoothing == smoothing
+
+
+@pytest.mark.parametrize("smoothing", [-0.1, 1.0, "a lot", None])
+def test_label_smoothing_out_of_range_names_the_argument(smoothing):
+    with pytest.raises(ValueError, match="label_smoothing"):
+        metrics.MaskedSequenceLoss(label_smoothing=smoothing)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_masked_loss_half_precision_logits(dtype):
     y_true, logits = _batch()

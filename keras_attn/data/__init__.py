@@ -3,13 +3,16 @@
 - `make_kernel_regression_data`: the d2l Nadaraya-Watson toy problem (numpy).
 - `load_dates_translation`: built-in date normalization ("3/3/21" -> "2021-03-03"), no download.
 - `load_tatoeba`: tab-separated sentence pairs (d2l's `fra.txt` and other Tatoeba exports).
+- `make_cmlm_dataset`: masked-target batches of a translation task for the non-autoregressive
+  translator (`keras_attn.models.nat_seq2seq`).
 
 Both translation loaders return a `TranslationData` whose vocabularies start with the reserved
 ids of `keras_attn.tokens` (`PAD_ID`, `UNK_ID`, `BOS_ID`, `EOS_ID`), re-exported here.
 """
 
-from keras_attn.data import dates, nw, pairs
+from keras_attn.data import dates, nat, nw, pairs
 from keras_attn.data.dates import load_dates, load_dates_translation
+from keras_attn.data.nat import make_cmlm_dataset
 from keras_attn.data.nw import (
     KernelRegressionData,
     make_kernel_regression_data,
@@ -43,7 +46,9 @@ __all__ = [
     "load_dates",
     "load_dates_translation",
     "load_tatoeba",
+    "make_cmlm_dataset",
     "make_kernel_regression_data",
+    "nat",
     "nw",
     "pairs",
     "preprocess",

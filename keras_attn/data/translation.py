@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_bool, check_positive_int
 from keras_attn.tokens import (
     BOS,
     BOS_ID,
@@ -169,6 +169,37 @@ class TranslationData:
             texts = [self.standardize(text) for text in texts]
         return self._vectorize(self.source_vectorizer, texts)
 
+    def encode_targets(self, texts: Sequence[str]) -> np.ndarray:
+        """Encodes target token strings as they are, without `<bos>` or `<eos>`.
+
+        Args:
+            texts: list of target token strings.
+
+        Returns:
+            int32 array of shape `(len(texts), target_length)`, padded with 0.
+        """
+        return self._vectorize(self.target_vectorizer, texts)
+
+    def pairs_of(self, pairs: Sequence[Pair] | str, name: str = "pairs") -> Sequence[Pair]:
+        """`pairs` itself, or the split it names (`"train"`, `"validation"` or `"test"`).
+
+        Args:
+            pairs: a list of `(source, target)` token strings or the name of a split.
+            name: str, the caller's name of the argument, for the error message. Defaults to
+                `"pairs"`.
+
+        Returns:
+            The list of pairs.
+        """
+        if isinstance(pairs, str):
+            if pairs not in ("train", "validation", "test"):
+                raise ValueError(
+                    f"Received an invalid value for argument `{name}`, expected a list of "
+                    f"pairs or one of 'train', 'validation', 'test'. Received: {name}={pairs!r}"
+                )
+            pairs = getattr(self, pairs)
+        return pairs
+
     def encode_pairs(
         self, pairs: Sequence[Pair]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -197,39 +228,75 @@ class TranslationData:
         shuffle: bool = False,
         seed: int | None = 0,
         drop_remainder: bool = False,
+        group_by_length: bool = False,
     ) -> tf.data.Dataset:
         """A batched `tf.data.Dataset` for `model.fit` / `model.evaluate`.
+
+        With `group_by_length`, pairs of the same length (the longer of their source and
+        target, in tokens) are batched together and every batch is cut to its longest source and
+        its longest target, so a batch costs what its sentences cost rather than `Ls`/`Lt`
+        positions each (short sentences are mostly padding otherwise). Batches then have
+        varying lengths: the `(B, Ls)` shapes below become `(B, S_batch)` with
+        `S_batch <= Ls`, and likewise for the targets. The last batch of each length may be
+        smaller than `batch_size` (dropped with `drop_remainder`).
 
         Args:
             pairs: list of `(source, target)` token strings, or the name of a split:
                 `"train"`, `"validation"` or `"test"`.
             batch_size: int, batch size. Defaults to `64`.
-            shuffle: bool, whether to shuffle (over the whole split, reshuffled each epoch).
-                Defaults to `False`.
+            shuffle: bool, whether to shuffle (over the whole split, reshuffled each epoch;
+                with `group_by_length` the batches are drawn from the shuffled stream, so they
+                differ every epoch too). Defaults to `False`.
             seed: int, shuffle seed. Defaults to `0`.
-            drop_remainder: bool, drop the last incomplete batch (gives a static batch size).
+            drop_remainder: bool, drop incomplete batches (gives a static batch size).
+                Defaults to `False`.
+            group_by_length: bool, batch pairs of equal length and cut the padding, as above.
                 Defaults to `False`.
 
         Returns:
             A dataset of `((source_ids, target_in_ids), target_out_ids)`, int32 tensors of shapes
-            `(B, Ls)`, `(B, Lt)`, `(B, Lt)`.
+            `(B, Ls)`, `(B, Lt)`, `(B, Lt)` (shorter with `group_by_length`).
         """
-        if isinstance(pairs, str):
-            if pairs not in ("train", "validation", "test"):
-                raise ValueError(
-                    "Received an invalid value for argument `pairs`, expected a list of pairs or "
-                    f"one of 'train', 'validation', 'test'. Received: pairs={pairs!r}"
-                )
-            pairs = getattr(self, pairs)
+        pairs = self.pairs_of(pairs)
         check_positive_int("batch_size", batch_size)
+        for name, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder),
+                            ("group_by_length", group_by_length)):
+            check_bool(name, value)
         source, target_in, target_out = self.encode_pairs(pairs)
         dataset = tf.data.Dataset.from_tensor_slices(((source, target_in), target_out))
         if shuffle and len(source) > 0:
             dataset = dataset.shuffle(
                 len(source), seed=seed, reshuffle_each_iteration=True
             )
-        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-        return dataset.prefetch(tf.data.AUTOTUNE)
+        if not group_by_length:
+            dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+            return dataset.prefetch(tf.data.AUTOTUNE)
+
+        def length(inputs, target_out):
+            source, target_in = inputs
+            return tf.cast(tf.maximum(tf.math.count_nonzero(source),
+                                      tf.math.count_nonzero(target_in)), tf.int64)
+
+        def cut(inputs, target_out):
+            source, target_in = inputs
+            # At least one position, so that a batch of empty sources keeps a shape models take.
+            source_length = tf.maximum(tf.reduce_max(_lengths(source)), 1)
+            target_length = tf.maximum(tf.reduce_max(_lengths(target_in)), 1)
+            return ((source[:, :source_length], target_in[:, :target_length]),
+                    target_out[:, :target_length])
+
+        dataset = dataset.group_by_window(
+            key_func=length,
+            reduce_func=lambda _, window: window.batch(batch_size, drop_remainder=drop_remainder),
+            window_size=batch_size,
+        )
+        # The number of batches does not depend on the order: per length, the pairs of that
+        # length in batches of `batch_size`. Declared, so that Keras' progress bar knows it.
+        counts = np.bincount(np.maximum(np.count_nonzero(source, axis=1),
+                                        np.count_nonzero(target_in, axis=1)))
+        per_length = counts // batch_size if drop_remainder else -(-counts // batch_size)
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(int(per_length.sum())))
+        return dataset.map(cut, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     def decode(self, ids) -> list[str]:
         """Turns target ids back into strings.
@@ -275,6 +342,12 @@ class TranslationData:
             return np.zeros((0, length), np.int32)
         ids = vectorizer(tf.constant(list(texts), dtype=tf.string))
         return keras.ops.convert_to_numpy(ids).astype(np.int32)
+
+
+def _lengths(ids: tf.Tensor) -> tf.Tensor:
+    """Per row of padded ids `(B, L)`: the position after the last non-padding id, `(B,)`."""
+    positions = tf.range(1, tf.shape(ids)[1] + 1)
+    return tf.reduce_max(tf.where(ids != PAD_ID, positions, 0), axis=1)
 
 
 def max_tokens(texts: Iterable[str]) -> int:

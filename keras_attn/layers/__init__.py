@@ -4,6 +4,7 @@ from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.additive_attention import AdditiveAttention
 from keras_attn.layers.bahdanau import BahdanauCell, BahdanauDecoder, BahdanauEncoder
 from keras_attn.layers.base import BaseAttention
+from keras_attn.layers.cmlm import CMLMDecoder, LengthPredictor
 from keras_attn.layers.decoder_only import (
     TransformerDecoderOnly,
     TransformerDecoderOnlyBlock,
@@ -53,7 +54,9 @@ __all__ = [
     "BahdanauDecoder",
     "BahdanauEncoder",
     "BaseAttention",
+    "CMLMDecoder",
     "Dropout",
+    "LengthPredictor",
     "LinearAttention",
     "LocalMultiHead",
     "MultiHead",

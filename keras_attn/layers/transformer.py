@@ -89,9 +89,11 @@ class _TransformerStack(keras.layers.Layer):
             "dtype": self.dtype_policy,
         }
 
-    def _build_embedding(self, ids_shape) -> None:
+    def _build_embedding(self, ids_shape, input_dim: int | None = None) -> None:
+        """Token embedding (`input_dim` rows, default `vocab_size`), positions, final norm."""
         self.token_embedding = keras.layers.Embedding(
-            self.vocab_size, self.embed_dim, name="token_embedding", dtype=self.dtype_policy
+            input_dim or self.vocab_size, self.embed_dim, name="token_embedding",
+            dtype=self.dtype_policy
         )
         self.token_embedding.build(ids_shape)
         self.position_encoding = SinusoidalPositionEncoding(

@@ -293,10 +293,16 @@ class TransformerDecoderBlock(_TransformerBlock):
     (from `compute_cross_attention_cache`) replaces `encoder_outputs` so the encoder keys and
     values are projected once.
 
+    With `causal=False` the self-attention is bidirectional (every target position sees every
+    other non-padding one), the decoder of a conditional masked language model (Mask-Predict);
+    such a block has no incremental cache.
+
     Args:
         As `TransformerEncoderBlock`; `attention_window`, `num_key_value_heads` and
-        `position_encoding` apply to the causal self-attention only (cross-attention stays
+        `position_encoding` apply to the self-attention only (cross-attention stays
         full, without positions).
+        causal: bool, causal self-attention (each position sees itself and earlier ones).
+            Defaults to `True`.
 
     Call arguments:
         inputs: `(B, T, embed_dim)`, the embedded target.
@@ -327,13 +333,18 @@ class TransformerDecoderBlock(_TransformerBlock):
         Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
     """
 
+    def __init__(self, num_heads: int, ffn_dim: int, causal: bool = True, **kwargs):
+        super().__init__(num_heads, ffn_dim, **kwargs)
+        check_bool("causal", causal)
+        self.causal = causal
+
     def build(self, inputs_shape, encoder_outputs_shape=None):
         _check_embedded_shape("inputs", inputs_shape)
         encoder_outputs_shape = encoder_outputs_shape or inputs_shape
         _check_embedded_shape("encoder_outputs", encoder_outputs_shape)
         embed_dim = inputs_shape[-1]
         self.self_attention = self._attention(embed_dim, "self_attention",
-                                              self.attention_window, causal=True)
+                                              self.attention_window, causal=self.causal)
         self.self_attention.build(inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
         self.cross_attention = self._attention(embed_dim, "cross_attention")
@@ -375,17 +386,24 @@ class TransformerDecoderBlock(_TransformerBlock):
                 "together. Received: self_attention_cache_update_index="
                 f"{self_attention_cache_update_index!r}"
             )
+        if self_attention_cache is not None and not self.causal:
+            raise ValueError(
+                "Argument `self_attention_cache` needs a causal block (one token at a time); "
+                "this block has causal=False. Received: self_attention_cache="
+                f"{type(self_attention_cache).__name__}"
+            )
         if decoder_padding_mask is None:
             decoder_padding_mask = getattr(inputs, "_keras_mask", None)
         if encoder_padding_mask is None and encoder_outputs is not None:
             encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
 
-        # Causal self-attention, optionally over the cache.
+        # Causal (or bidirectional) self-attention, optionally over the cache.
         x = inputs  # (B, T, d)
         h = self._before(self.self_attention_norm, x)
         if self_attention_cache is None:
             h = self.self_attention(
-                h, query_mask=decoder_padding_mask, use_causal_mask=True, training=training
+                h, query_mask=decoder_padding_mask, use_causal_mask=self.causal,
+                training=training
             )  # (B, T, d)
         else:
             h, self_attention_cache = self.self_attention(
@@ -425,3 +443,8 @@ class TransformerDecoderBlock(_TransformerBlock):
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config["causal"] = self.causal
+        return config

@@ -1,0 +1,199 @@
+"""Serving English-French translators: quality and sentences/s through the exported SavedModel.
+
+Takes trained models and serves them the way a user would: the autoregressive Transformer of
+`examples/transformer_translation.py --data` exported with greedy decoding and with beam 4,
+the non-autoregressive one of `examples/nat_translation.py --data` exported with 1, 4 and 10
+Mask-Predict iterations, each loaded back with `tf.saved_model.load` and called through its
+`translate` signature (raw strings in, strings out, decoding inside the graph); and, for
+comparison, the keras-hub recipe model of `translation_time_to_bleu.py` decoded with
+keras-hub's `GreedySampler` (the recipe's decoding: the decoder rerun over the prefix each
+step), compiled with `tf.function`; its tokenization and detokenization run in Python and are
+timed with it, as the SavedModels' are inside their graphs.
+
+For each: corpus BLEU (0-100, words) and exact match on the held-out split, and sentences/s
+at batch 1 (`--single` sentences one by one) and at batch 256 (`--batches` batches, fewer
+sentences when the split is smaller), after a warm-up call of each size. The NAT is served
+with the length beam its run used (its metrics.json).
+
+    python examples/transformer_translation.py --data ../shared/data/fra-eng.txt
+    python examples/nat_translation.py --data ../shared/data/fra-eng.txt
+    python benchmarks/translation_time_to_bleu.py   # writes the keras-hub recipe model
+    python benchmarks/serve_translate.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+
+from _common import header
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+DATA = os.path.join(HERE, "..", "..", "shared", "data", "fra-eng.txt")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=DATA, help="(default: %(default)s)")
+    parser.add_argument("--at", default="runs/transformer_tatoeba",
+                        help="run directory of the Transformer example (its model.keras)")
+    parser.add_argument("--nat", default="runs/nat_tatoeba",
+                        help="run directory of the NAT example (its model.keras)")
+    parser.add_argument("--keras-hub", default="runs/time_to_bleu/keras_hub_recipe.keras",
+                        help="the keras-hub recipe model written by translation_time_to_bleu.py")
+    parser.add_argument("--split", choices=("validation", "test"), default="test")
+    parser.add_argument("--single", type=int, default=64, help="sentences served one by one")
+    parser.add_argument("--batches", type=int, default=4, help="batches of 256 served")
+    parser.add_argument("--example-args", default="",
+                        help="data flags the runs were made with, e.g. \"--num-examples 3000\"")
+    parser.add_argument("--out", default="runs/serve_translate")
+    return parser.parse_args(argv)
+
+
+def measure(translate_batch, sources, references, single: int, batches: int) -> dict:
+    """Quality over `sources` and sentences/s at batch 1 and 256 of `translate_batch`, a
+    function from a list of source strings to a list of translations."""
+    from keras_attn.metrics import corpus_bleu, exact_match
+
+    predictions = []
+    for start in range(0, len(sources), 256):
+        predictions += translate_batch(sources[start:start + 256])
+    result = {
+        "bleu": 100 * corpus_bleu([p.split() for p in predictions],
+                                  [r.split() for r in references]),
+        "exact_match": exact_match(predictions, references),
+    }
+    singles = sources[:single]
+    translate_batch(singles[:1])
+    start = time.perf_counter()
+    for source in singles:
+        translate_batch([source])
+    result["per_s_batch_1"] = len(singles) / (time.perf_counter() - start)
+    chunks = [chunk for chunk in (sources[i * 256:(i + 1) * 256] for i in range(batches))
+              if chunk]
+    translate_batch(chunks[0])
+    start = time.perf_counter()
+    for chunk in chunks:
+        translate_batch(chunk)
+    result["per_s_batch_256"] = sum(map(len, chunks)) / (time.perf_counter() - start)
+    return result
+
+
+def served(export_dir: str):
+    """`translate_batch` of a SavedModel's `translate` signature."""
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(export_dir).signatures["translate"]
+    return lambda texts: [t.decode() for t in
+                          signature(text=tf.constant(texts))["translation"].numpy()]
+
+
+def keras_hub_translate(model, data):
+    """`translate_batch` of the keras-hub recipe model with keras-hub's GreedySampler."""
+    import keras
+    import keras_hub
+    import tensorflow as tf
+
+    from keras_attn.tokens import BOS_ID, EOS_ID
+
+    sampler = keras_hub.samplers.GreedySampler()
+
+    @tf.function(reduce_retracing=True)
+    def generate(source):
+        prompt = tf.concat([tf.fill([tf.shape(source)[0], 1], BOS_ID),
+                            tf.zeros([tf.shape(source)[0], data.target_length - 1], tf.int32)],
+                           axis=1)
+
+        def next_token(prompt, cache, index):
+            probabilities = model([source, prompt], training=False)[:, index - 1, :]
+            return probabilities, None, cache
+
+        return sampler(next_token, prompt, stop_token_ids=[EOS_ID], index=1)
+
+    def translate_batch(texts):
+        ids = data.encode_source(texts, standardize=False)
+        return data.decode(keras.ops.convert_to_numpy(generate(tf.constant(ids)))[:, 1:])
+
+    return translate_batch
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from example_utils import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
+    import keras
+    from transformer_translation import DEFAULTS, MODEL_FLAGS
+    from translation_common import load_data
+    from translation_common import parse_args as parse_example_args
+
+    from keras_attn.data.pairs import preprocess
+    from keras_attn.export import export_nat_translator, export_translator
+
+    header("Serving English-French translators through their SavedModels")
+    exports = tempfile.mkdtemp(prefix="serve_translate_")
+    example_args = parse_example_args(
+        "serve", DEFAULTS, ["--data", args.data, "--out", exports,
+                            *shlex.split(args.example_args)], MODEL_FLAGS)
+    data = load_data(example_args)  # as the examples load it: the same vocabularies and split
+    pairs = getattr(data, args.split)
+    sources = [source for source, _ in pairs]
+    references = [target for _, target in pairs]
+    assert all(preprocess(s) == s for s in sources[:100]), "sources must be standardized"
+    options = {"standardize": data.standardize_tf, "joiner": data.target_joiner}
+    rows = {}
+    if os.path.exists(os.path.join(args.at, "model.keras")):
+        at = keras.models.load_model(os.path.join(args.at, "model.keras"))
+        for beam in (1, 4):
+            path = os.path.join(exports, f"at_beam{beam}")
+            export_translator(at, data.source_vectorizer, data.target_vectorizer, path,
+                              max_length=data.target_length, beam_size=beam, **options)
+            label = "AT greedy" if beam == 1 else f"AT beam {beam}"
+            rows[label] = measure(served(path), sources, references, args.single, args.batches)
+            print(label, rows[label], flush=True)
+    else:
+        print(f"no {args.at}/model.keras: AT rows skipped")
+    if os.path.exists(os.path.join(args.nat, "model.keras")):
+        nat = keras.models.load_model(os.path.join(args.nat, "model.keras"))
+        with open(os.path.join(args.nat, "metrics.json")) as f:
+            length_beam = json.load(f)["length_beam"]
+        for iterations in (1, 4, 10):
+            path = os.path.join(exports, f"nat_{iterations}")
+            export_nat_translator(nat, data.source_vectorizer, data.target_vectorizer, path,
+                                  iterations=iterations, length_beam=length_beam, **options)
+            label = (f"NAT, {iterations} iteration{'s' if iterations > 1 else ''}, "
+                     f"length beam {length_beam}")
+            rows[label] = measure(served(path), sources, references, args.single, args.batches)
+            print(label, rows[label], flush=True)
+    else:
+        print(f"no {args.nat}/model.keras: NAT rows skipped")
+    if os.path.exists(args.keras_hub):
+        import keras_hub  # noqa: F401  (registers the recipe's layers)
+
+        hub = keras.models.load_model(args.keras_hub)
+        label = "keras-hub recipe, GreedySampler (not exported)"
+        rows[label] = measure(keras_hub_translate(hub, data), sources, references,
+                              args.single, args.batches)
+        print(label, rows[label], flush=True)
+    else:
+        print(f"no {args.keras_hub}: keras-hub row skipped")
+    print(f"\n| translator | BLEU ({args.split}) | exact match | sentences/s, batch 1 | "
+          "sentences/s, batch 256 |")
+    print("|---|---|---|---|---|")
+    for label, r in rows.items():
+        print(f"| {label} | {r['bleu']:.2f} | {100 * r['exact_match']:.1f}% | "
+              f"{r['per_s_batch_1']:.1f} | {r['per_s_batch_256']:.0f} |")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "serve_translate.json"), "w") as f:
+        json.dump({"split": args.split, "num_pairs": len(pairs), "rows": rows}, f, indent=2)
+    print(f"wrote {args.out}/serve_translate.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""BLEU against training seconds: keras_attn's translation example and the keras-hub recipe.
+
+Both translators learn the same English-French pairs (`--data`, the same split, the same word
+vocabularies and the same `[UNK]` for rare words, from `keras_attn.data.pairs.load_tatoeba` as
+the example loads them), each for the same wall-clock budgets of training, one after the other
+in one run. When a model's training time passes a budget, training pauses (the pause is not
+counted), the model translates the held-out split greedily, and its corpus BLEU (0-100, over
+words) and exact match are recorded.
+
+- keras_attn: `examples/transformer_translation.py --data` with its defaults (model, batch,
+  schedule, length-grouped batches), the example's own code; its learning-rate schedule spans
+  its epochs, so budgets before the end measure the run part-way, as a user stopping early
+  would see it.
+- keras-hub: the Transformer recipe of keras.io/keras-hub ("English-to-Spanish translation
+  with KerasHub") at the size it is usually run: `TokenAndPositionEmbedding`, 2
+  `TransformerEncoder` + 2 `TransformerDecoder` blocks (embed 256, intermediate 512, 8 heads),
+  dropout 0.5 before the vocabulary projection, RMSprop (1e-3, constant), batch 64, every batch
+  padded to the longest sentence allowed, greedy decoding recomputing the decoder each step
+  (the recipe's `GreedySampler` loop, batched here).
+
+Writes OUT/time_to_bleu.json, OUT/time_to_bleu.png (BLEU against training seconds) and
+OUT/keras_hub_recipe.keras (the trained recipe model, for `serve_translate.py`).
+
+    python benchmarks/translation_time_to_bleu.py
+    python benchmarks/translation_time_to_bleu.py --budgets 200 400 600 --split test
+    python benchmarks/translation_time_to_bleu.py --models keras_attn --split validation \\
+        --example-args "--embed-dim 256 --learning-rate 1e-3"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+
+from _common import header
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+DATA = os.path.join(HERE, "..", "..", "shared", "data", "fra-eng.txt")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=DATA, help="Tatoeba/Anki pairs (default: %(default)s)")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[200, 400, 600],
+                        help="training seconds after which to score (default: %(default)s)")
+    parser.add_argument("--split", choices=("validation", "test"), default="test",
+                        help="held-out pairs to score (default: %(default)s)")
+    parser.add_argument("--models", nargs="+", choices=("keras_attn", "keras_hub"),
+                        default=["keras_attn", "keras_hub"])
+    parser.add_argument("--example-args", default="",
+                        help="extra flags for the keras_attn example, e.g. \"--embed-dim 256\"")
+    parser.add_argument("--out", default="runs/time_to_bleu")
+    return parser.parse_args(argv)
+
+
+class Budgets:
+    """Pauses training at each budget of training seconds to score the model.
+
+    A Keras callback: `on_train_batch_end` compares the training time so far (wall time since
+    the first batch began, minus the pauses) with the next budget; past it, `score()` runs
+    and its result is kept with the training seconds and steps; after the last budget it stops
+    training. If training ends first, the final model is scored for the remaining budgets.
+    """
+
+    def __init__(self, budgets, score):
+        import keras
+
+        outer = self
+
+        class Callback(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                outer.start, outer.paused, outer.steps = time.perf_counter(), 0.0, 0
+
+            def on_train_batch_end(self, batch, logs=None):
+                outer.steps += 1
+                if outer.pending and outer.trained() >= outer.pending[0]:
+                    outer.record(self.model)
+                    if not outer.pending:
+                        self.model.stop_training = True
+
+        self.callback = Callback()
+        self.pending, self.score, self.results = sorted(budgets), score, []
+
+    def trained(self) -> float:
+        return time.perf_counter() - self.start - self.paused
+
+    def record(self, model, ended=False):
+        trained, pause = self.trained(), time.perf_counter()
+        result = self.score(model)
+        self.paused += time.perf_counter() - pause
+        budgets = list(self.pending) if ended else [self.pending[0]]
+        for budget in budgets:
+            self.results.append({"budget_s": budget, "trained_s": round(trained, 1),
+                                 "steps": self.steps, **result})
+            print(f"  {budget:6.0f} s budget: {trained:6.1f} s trained, {self.steps} steps, "
+                  f"BLEU {result['bleu']:.2f}, exact match {100 * result['exact_match']:.1f}%",
+                  flush=True)
+        self.pending = self.pending[len(budgets):]
+
+
+def scorer(data, split: str, translate_fn):
+    """`score(model)`: corpus BLEU (0-100, words) and exact match of greedy translations."""
+    from keras_attn.metrics import corpus_bleu, exact_match
+
+    pairs = getattr(data, split)
+    sources = [source for source, _ in pairs]
+    references = [target for _, target in pairs]
+
+    def score(model):
+        predictions = translate_fn(model, sources)
+        return {"bleu": 100 * corpus_bleu([p.split() for p in predictions],
+                                          [r.split() for r in references]),
+                "exact_match": exact_match(predictions, references)}
+
+    return score
+
+
+def keras_hub_recipe(data):
+    """The keras.io/keras-hub Transformer translator at 2 + 2 blocks, compiled as the recipe."""
+    import keras
+    import keras_hub
+
+    embed, intermediate, heads = 256, 512, 8
+    source = keras.Input((None,), dtype="int32", name="encoder_inputs")
+    x = keras_hub.layers.TokenAndPositionEmbedding(
+        data.source_vocab_size, data.source_length, embed, mask_zero=True)(source)
+    for _ in range(2):
+        x = keras_hub.layers.TransformerEncoder(intermediate, heads)(x)
+    target = keras.Input((None,), dtype="int32", name="decoder_inputs")
+    y = keras_hub.layers.TokenAndPositionEmbedding(
+        data.target_vocab_size, data.target_length, embed, mask_zero=True)(target)
+    for _ in range(2):
+        y = keras_hub.layers.TransformerDecoder(intermediate, heads)(y, x)
+    y = keras.layers.Dropout(0.5)(y)
+    probabilities = keras.layers.Dense(data.target_vocab_size, activation="softmax")(y)
+    model = keras.Model([source, target], probabilities, name="keras_hub_recipe")
+    model.compile("rmsprop", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def keras_hub_greedy(model, data, sources, batch_size=256):
+    """The recipe's greedy decoding: each step reruns the decoder over the prefix (no cache)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_attn.tokens import BOS_ID, EOS_ID
+
+    @tf.function(reduce_retracing=True)
+    def step(source, prefix):
+        return tf.argmax(model([source, prefix], training=False)[:, -1], axis=-1,
+                         output_type=tf.int32)
+
+    texts = []
+    for start in range(0, len(sources), batch_size):
+        source = data.encode_source(sources[start:start + batch_size], standardize=False)
+        tokens = np.full((len(source), 1), BOS_ID, np.int32)
+        for _ in range(data.target_length):
+            tokens = np.concatenate([tokens, step(source, tokens).numpy()[:, None]], axis=1)
+            if (tokens == EOS_ID).any(axis=1).all():
+                break
+        texts += data.decode(tokens[:, 1:])
+    return texts
+
+
+def run_keras_attn(example_argv, budgets, split, out):
+    import keras
+    from transformer_translation import DEFAULTS, MODEL_FLAGS, build_model
+    from translation_common import (
+        compile_translator,
+        load_data,
+        parse_args,
+        training_dataset,
+        translate,
+    )
+
+    args = parse_args("keras_attn", DEFAULTS, example_argv, MODEL_FLAGS)
+    keras.utils.set_random_seed(args.seed)
+    keras.config.set_dtype_policy(args.precision)
+    data = load_data(args)
+    model = build_model(data, args)
+    train = training_dataset(data, args)
+    compile_translator(model, args, int(train.cardinality()))
+
+    def translate_fn(model, sources):
+        keras.config.set_dtype_policy("float32")
+        try:
+            return translate(model, data, sources, 1)
+        finally:
+            keras.config.set_dtype_policy(args.precision)
+
+    watch = Budgets(budgets, scorer(data, split, translate_fn))
+    model.fit(train, epochs=args.epochs, shuffle=False, verbose=2,
+              callbacks=[watch.callback])
+    if watch.pending:
+        watch.record(model, ended=True)
+    keras.config.set_dtype_policy("float32")
+    options = {key: getattr(args, key) for key in (
+        "epochs", "batch_size", "learning_rate", "warmup_steps", "label_smoothing", "precision",
+        *args.model_options)}
+    return watch.results, {"params": int(model.count_params()), "options": options}
+
+
+def run_keras_hub(example_argv, budgets, split, out):
+    import keras
+    from transformer_translation import DEFAULTS, MODEL_FLAGS
+    from translation_common import load_data, parse_args
+
+    args = parse_args("keras_hub", DEFAULTS, example_argv, MODEL_FLAGS)
+    keras.utils.set_random_seed(args.seed)
+    data = load_data(args)
+    model = keras_hub_recipe(data)
+    watch = Budgets(budgets, scorer(data, split,
+                                    lambda model, sources: keras_hub_greedy(model, data, sources)))
+    train = data.make_dataset("train", 64, shuffle=True, seed=args.seed)
+    model.fit(train, epochs=1000, shuffle=False, verbose=2, callbacks=[watch.callback])
+    model.save(os.path.join(out, "keras_hub_recipe.keras"))  # for serve_translate.py
+    return watch.results, {"params": int(model.count_params()),
+                           "options": {"batch_size": 64, "optimizer": "rmsprop 1e-3"}}
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in results.items():
+        ax.plot([0] + [r["trained_s"] for r in rows], [0] + [r["bleu"] for r in rows],
+                marker="o", label=name)
+    ax.set_xlabel("training seconds (2 CPU cores)")
+    ax.set_ylabel("corpus BLEU on held-out pairs (0-100)")
+    ax.set_title("English-French (Tatoeba): BLEU against training time")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if not os.path.exists(args.data):
+        raise SystemExit(f"no data at {args.data}: pass --data fra-eng.txt")
+    header("Translation: BLEU against training seconds, keras_attn and the keras-hub recipe")
+    from example_utils import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
+    os.makedirs(args.out, exist_ok=True)
+    example_argv = ["--data", args.data, "--out", os.path.join(args.out, "unused"),
+                    "--overwrite", *shlex.split(args.example_args)]
+    results, details = {}, {}
+    for name in args.models:
+        print(f"{name}:", flush=True)
+        run = run_keras_attn if name == "keras_attn" else run_keras_hub
+        results[name], details[name] = run(example_argv, args.budgets, args.split, args.out)
+    print(f"\n| model | budget (s) | trained (s) | steps | BLEU ({args.split}) | exact match |")
+    print("|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        for r in rows:
+            print(f"| {name} | {r['budget_s']:.0f} | {r['trained_s']:.0f} | {r['steps']} | "
+                  f"{r['bleu']:.2f} | {100 * r['exact_match']:.1f}% |")
+    for name, detail in details.items():
+        print(f"{name}: {detail['params']:,} parameters; {detail['options']}")
+    with open(os.path.join(args.out, "time_to_bleu.json"), "w") as f:
+        json.dump({"split": args.split, "results": results, "details": details,
+                   "example_args": args.example_args}, f, indent=2)
+    plot(results, os.path.join(args.out, "time_to_bleu.png"))
+    print(f"wrote {args.out}/time_to_bleu.json and time_to_bleu.png")
+
+
+if __name__ == "__main__":
+    main()

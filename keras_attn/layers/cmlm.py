@@ -1,0 +1,170 @@
+"""The two heads of a conditional masked language model (Mask-Predict): a bidirectional
+decoder that predicts the masked target tokens, and a target-length classifier.
+
+Ghazvininejad et al., 2019, "Mask-Predict: Parallel Decoding of Conditional Masked Language
+Models", https://arxiv.org/abs/1904.09324. The model builder is
+`keras_attn.models.nat_seq2seq`; the decoding loop `keras_attn.decoding.mask_predict`.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_attn._checks import check_positive_int
+from keras_attn.layers.transformer import _TransformerStack
+from keras_attn.layers.transformer_blocks import TransformerDecoderBlock
+from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID, mask_id
+
+# Logit of the ids a masked-LM decoder never emits: finite, so a loss stays finite.
+_NEVER = -1e9
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class CMLMDecoder(_TransformerStack):
+    """The decoder of a conditional masked language model: no causal mask, one parallel pass.
+
+    The target ids are words, `<mask>` (id `mask_id(vocab_size) = vocab_size`, outside the
+    vocabulary) and padding (0). Every non-padding position attends to every other one
+    (bidirectional self-attention) and to the encoder (cross-attention, source padding
+    hidden); the logits predict the word at every position. Padding, `<bos>` and `<eos>` get
+    the logit -1e9, and `<mask>` has no logit column, so the decoder never emits them.
+
+    Args:
+        vocab_size: int, number of target ids (reserved ones included): the logits' size. The
+            embedding has `vocab_size + 1` rows, the last one for `<mask>`.
+        num_layers: int, number of `TransformerDecoderBlock(causal=False)`s.
+        embed_dim: int, model size `d`.
+        num_heads: int, attention heads per block; must divide `embed_dim`.
+        ffn_dim: int, hidden size of each block's FFN.
+        dropout: float in [0, 1). Defaults to `0.0`.
+        norm_first: bool, pre-LN blocks (and a final LayerNorm). Defaults to `False`.
+        activation: FFN activation. Defaults to `"relu"`.
+        kernel_initializer: initializer of the block kernels. Defaults to `"glorot_uniform"`.
+        seed: optional int seed for the dropouts. Defaults to `None`.
+        attention_window: optional int, sliding-window self-attention. Defaults to `None`.
+
+    Call arguments:
+        inputs: integer ids `(B, T)`: words, `<mask>`, 0 = padding.
+        encoder_outputs: `(B, S, encoder_dim)`.
+        encoder_padding_mask: optional boolean `(B, S)`, True at real source tokens. Defaults
+            to the implicit mask of `encoder_outputs`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        float32 logits `(B, T, vocab_size)`.
+
+    Example:
+    >>> decoder = CMLMDecoder(20, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=32)
+    >>> decoder(keras.ops.array([[20, 7, 20, 0]]), keras.ops.ones((1, 5, 16))).shape
+    (1, 4, 20)
+
+    References:
+        Ghazvininejad et al., 2019, "Mask-Predict", https://arxiv.org/abs/1904.09324
+    """
+
+    @property
+    def mask_id(self) -> int:
+        """The `<mask>` id, `vocab_size`."""
+        return mask_id(self.vocab_size)
+
+    def build(self, inputs_shape, encoder_outputs_shape=None):
+        self._check_ids_shape("inputs", inputs_shape)
+        embedded_shape = tuple(inputs_shape) + (self.embed_dim,)
+        encoder_outputs_shape = encoder_outputs_shape or embedded_shape
+        self._build_embedding(inputs_shape, input_dim=mask_id(self.vocab_size) + 1)  # + <mask>
+        self.blocks = []
+        for i in range(self.num_layers):
+            block = TransformerDecoderBlock(**self._block_kwargs(), causal=False,
+                                            name=f"block_{i}")
+            block.build(embedded_shape, encoder_outputs_shape)
+            self.blocks.append(block)
+        self.output_dense = keras.layers.Dense(
+            self.vocab_size, kernel_initializer=self.kernel_initializer, name="output_dense",
+            dtype=self.dtype_policy,
+        )
+        self.output_dense.build(embedded_shape)
+
+    def call(self, inputs, encoder_outputs, encoder_padding_mask=None, training=None):
+        if encoder_padding_mask is None:
+            encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
+        padding_mask = ops.not_equal(inputs, PAD_ID)  # (B, T)
+        x = self._embed(inputs, training=training)  # (B, T, d)
+        for block in self.blocks:
+            x = block(x, encoder_outputs, decoder_padding_mask=padding_mask,
+                      encoder_padding_mask=encoder_padding_mask, training=training)
+        logits = ops.cast(self.output_dense(self._finish(x)), "float32")  # (B, T, V)
+        ids = ops.arange(self.vocab_size, dtype="int32")  # (V,)
+        never = ops.logical_or(ops.equal(ids, PAD_ID),
+                               ops.logical_or(ops.equal(ids, BOS_ID), ops.equal(ids, EOS_ID)))
+        return ops.where(never, _NEVER, logits)  # (B, T, V)
+
+    def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
+        return tuple(inputs_shape) + (self.vocab_size,)
+
+    def compute_output_spec(self, inputs, encoder_outputs, encoder_padding_mask=None,
+                            training=None):
+        return keras.KerasTensor(tuple(inputs.shape) + (self.vocab_size,), dtype="float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LengthPredictor(keras.layers.Layer):
+    """Target-length classifier: the mean of the encoder states over the real source tokens,
+    then a linear layer over the lengths `0..max_length`.
+
+    `logits = Dense(mean_{s: source_s != pad} h_s)`; a source with no tokens pools to zeros.
+
+    Args:
+        max_length: int, the longest target length; the logits have `max_length + 1` classes.
+
+    Call arguments:
+        encoder_outputs: `(B, S, d)`.
+        padding_mask: optional boolean `(B, S)`, True at real source tokens. Defaults to the
+            implicit mask of `encoder_outputs`, else every position counts.
+
+    Returns:
+        float32 logits `(B, max_length + 1)`: class `n` is the target length `n`.
+
+    Example:
+    >>> LengthPredictor(10)(keras.ops.ones((2, 5, 16))).shape
+    (2, 11)
+    """
+
+    def __init__(self, max_length: int, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("max_length", max_length)
+        self.max_length = max_length
+        self.supports_masking = True
+
+    def build(self, encoder_outputs_shape, padding_mask_shape=None):
+        self.dense = keras.layers.Dense(self.max_length + 1, name="dense",
+                                        dtype=self.dtype_policy)
+        self.dense.build((encoder_outputs_shape[0], encoder_outputs_shape[-1]))
+
+    def call(self, encoder_outputs, padding_mask=None):
+        if padding_mask is None:
+            padding_mask = getattr(encoder_outputs, "_keras_mask", None)
+        x = ops.cast(encoder_outputs, "float32")
+        if padding_mask is None:
+            pooled = ops.mean(x, axis=1)  # (B, d)
+        else:
+            weights = ops.cast(padding_mask, "float32")[..., None]  # (B, S, 1)
+            pooled = ops.divide_no_nan(ops.sum(x * weights, axis=1),
+                                       ops.sum(weights, axis=1))  # (B, d)
+        pooled = ops.cast(pooled, self.compute_dtype)
+        return ops.cast(self.dense(pooled), "float32")  # (B, max_length + 1)
+
+    def compute_mask(self, encoder_outputs, padding_mask=None):
+        return None
+
+    def compute_output_shape(self, encoder_outputs_shape, padding_mask_shape=None):
+        return (encoder_outputs_shape[0], self.max_length + 1)
+
+    def compute_output_spec(self, encoder_outputs, padding_mask=None):
+        return keras.KerasTensor(self.compute_output_shape(encoder_outputs.shape),
+                                 dtype="float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config["max_length"] = self.max_length
+        return config

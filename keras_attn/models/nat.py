@@ -1,0 +1,138 @@
+"""A non-autoregressive translator: the conditional masked language model of Mask-Predict.
+
+Ghazvininejad et al., 2019, "Mask-Predict: Parallel Decoding of Conditional Masked Language
+Models", https://arxiv.org/abs/1904.09324.
+
+The target side is the plain target `y` (no `<bos>`, no `<eos>`): `N = |y|` tokens padded with 0
+to `max_target_length`, its length `N` the class the length head learns. Some of the `N` tokens
+are replaced by `<mask>` (`keras_attn.tokens.mask_id(target_vocab_size)`, the id one past the
+vocabulary) and the decoder predicts them all at once from the source and the unmasked
+tokens. Training data: `keras_attn.data.nat.make_cmlm_dataset`; losses: `compile_cmlm`;
+decoding: `keras_attn.decoding.mask_predict`; export: `keras_attn.export.export_nat_translator`.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from keras_attn._checks import check_number, check_positive_int
+from keras_attn.layers.cmlm import CMLMDecoder, LengthPredictor
+from keras_attn.layers.transformer import TransformerEncoder
+from keras_attn.tokens import PAD_ID
+
+
+def nat_seq2seq(
+    source_vocab_size: int,
+    target_vocab_size: int,
+    num_layers: int = 2,
+    embed_dim: int = 128,
+    num_heads: int = 4,
+    ffn_dim: int = 512,
+    dropout: float = 0.1,
+    max_target_length: int | None = None,
+    norm_first: bool = False,
+    name: str = "nat_seq2seq",
+) -> keras.Model:
+    """A conditional masked language model (Mask-Predict's CMLM) as a functional `keras.Model`.
+
+    `token_logits = decoder(masked_target_ids, encoder(source_ids))` with a decoder WITHOUT
+    causal mask (bidirectional self-attention over the target positions, padding hidden, and
+    cross-attention to the encoder), and `length_logits = length_predictor(encoder(source))`
+    (masked mean of the encoder states, then a linear layer over the lengths
+    `0..max_target_length`). The encoder is the seq2seq Transformer's. The model contains the
+    layers `"encoder"` (`TransformerEncoder`), `"decoder"` (`CMLMDecoder`) and
+    `"length_predictor"` (`LengthPredictor`), which `keras_attn.decoding.mask_predict` calls.
+
+    Ids: source and target ids are those of the data's vocabularies (0 = padding); the decoder
+    also reads `<mask>`, id `target_vocab_size` (outside the vocabulary). The token logits
+    never pick padding, `<bos>`, `<eos>` (logit -1e9) or `<mask>` (no column).
+
+    Args:
+        source_vocab_size: int, number of source ids.
+        target_vocab_size: int, number of target ids (size of the token logits).
+        num_layers: int, blocks in the encoder and in the decoder. Defaults to `2`.
+        embed_dim: int, model size `d`. Defaults to `128`.
+        num_heads: int, attention heads; must divide `embed_dim`. Defaults to `4`.
+        ffn_dim: int, hidden size of the feed-forward networks. Defaults to `512`.
+        dropout: float in [0, 1). Defaults to `0.1`.
+        max_target_length: int, required: the most target tokens (e.g.
+            `TranslationData.target_length`); length classes are `0..max_target_length`.
+        norm_first: bool, pre-LN blocks instead of post-LN. Defaults to `False`.
+        name: str, the model name. Defaults to `"nat_seq2seq"`.
+
+    Returns:
+        An uncompiled `keras.Model` with inputs `source_ids` `(B, S)` and `masked_target_ids`
+        `(B, T)` (int32, `T <= max_target_length`) and outputs float32
+        `token_logits` `(B, T, target_vocab_size)` and `length_logits`
+        `(B, max_target_length + 1)`.
+
+    Example:
+    >>> model = nat_seq2seq(100, 120, num_layers=1, embed_dim=32, num_heads=4, ffn_dim=64,
+    ...                     max_target_length=8)
+    >>> compile_cmlm(model, "adam")
+    >>> tokens, length = model([keras.ops.array([[5, 6, 0]]),
+    ...                         keras.ops.array([[120, 7, 120, 0, 0, 0, 0, 0]])])
+    >>> tokens.shape, length.shape  # (1, 8, 120), (1, 9)
+
+    References:
+        Ghazvininejad et al., 2019, "Mask-Predict", https://arxiv.org/abs/1904.09324
+    """
+    check_positive_int("max_target_length", max_target_length)
+    stack_kwargs = {
+        "num_layers": num_layers,
+        "embed_dim": embed_dim,
+        "num_heads": num_heads,
+        "ffn_dim": ffn_dim,
+        "dropout": dropout,
+        "norm_first": norm_first,
+    }
+    encoder = TransformerEncoder(source_vocab_size, **stack_kwargs, name="encoder")
+    decoder = CMLMDecoder(target_vocab_size, **stack_kwargs, name="decoder")
+    length_predictor = LengthPredictor(max_target_length, name="length_predictor")
+    source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
+    masked_target_ids = keras.Input(shape=(None,), dtype="int32", name="masked_target_ids")
+    encoder_outputs = encoder(source_ids)  # (B, S, d)
+    source_mask = keras.ops.not_equal(source_ids, PAD_ID)  # (B, S)
+    token_logits = decoder(masked_target_ids, encoder_outputs,
+                           encoder_padding_mask=source_mask)  # (B, T, V)
+    length_logits = length_predictor(encoder_outputs, source_mask)  # (B, max_length + 1)
+    return keras.Model([source_ids, masked_target_ids], [token_logits, length_logits],
+                       name=name)
+
+
+def compile_cmlm(model: keras.Model, optimizer="adam", length_loss_weight: float = 0.1,
+                 **kwargs) -> keras.Model:
+    """Compile a `nat_seq2seq` model with the conditional masked-LM losses of Mask-Predict.
+
+    - tokens: sparse cross-entropy of the token logits, weighted by the per-token sample
+      weights of `make_cmlm_dataset` (1 at masked positions, 0 elsewhere) and divided by the
+      sum of the weights (`reduction="mean_with_sample_weight"`): the mean over the masked
+      tokens of the batch, the paper's loss. Unmasked and padding positions count nothing.
+    - length: sparse cross-entropy of the length logits against the target length, mean over
+      the batch, times `length_loss_weight`.
+
+    The metrics are the token accuracy over the masked positions and the length accuracy.
+
+    Args:
+        model: a `nat_seq2seq` model.
+        optimizer: a Keras optimizer or its name. Defaults to `"adam"`.
+        length_loss_weight: float >= 0, weight of the length loss. Defaults to `0.1`.
+        **kwargs: passed on to `model.compile` (e.g. `jit_compile`).
+
+    Returns:
+        `model`, compiled.
+    """
+    check_number("length_loss_weight", length_loss_weight, 0)
+    model.compile(
+        optimizer=optimizer,
+        loss=[
+            keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction="mean_with_sample_weight", name="token_loss"),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="length_loss"),
+        ],
+        loss_weights=[1.0, float(length_loss_weight)],
+        weighted_metrics=[[keras.metrics.SparseCategoricalAccuracy(name="token_accuracy")],
+                          [keras.metrics.SparseCategoricalAccuracy(name="length_accuracy")]],
+        **kwargs,
+    )
+    return model
