@@ -216,3 +216,49 @@ def test_bahdanau_default_run_learns_dates(tmp_path):
     _, out = run_example("bahdanau_translation.py", tmp_path)
     metrics = check_outputs(out)
     assert metrics["exact_match"] >= 0.95, metrics
+
+
+def test_nat_help_and_the_options_it_refuses(tmp_path):
+    text = help_text("nat_translation.py")
+    for expected in ("--iterations ITERATIONS", "--length-beam LENGTH_BEAM",
+                     "(default: 1 for the built-in dates, 3 for --data/--download)",
+                     "examples: python examples/nat_translation.py --out runs/nat"):
+        assert expected in text, expected
+    for flag in (["--beam-size", "4"], ["--label-smoothing", "0.1"], ["--pad-to-max"],
+                 ["--strategy", "mirrored"]):
+        result, out = run_example("nat_translation.py", tmp_path, *flag, check=False)
+        assert result.returncode != 0 and flag[0] in result.stderr, result.stderr[-500:]
+        assert not out.exists()  # refused before anything was made
+
+
+def test_warmup_longer_than_the_run_is_refused(tmp_path):
+    result, _ = run_example("transformer_translation.py", tmp_path, *SMOKE,
+                            "--warmup-steps", "1000", check=False)
+    assert result.returncode != 0
+    assert "--warmup-steps" in result.stderr and "Received: --warmup-steps 1000" in result.stderr
+
+
+@pytest.mark.slow
+def test_grouped_batches_of_the_shared_english_french_file():
+    path = ROOT.parent / "shared" / "data" / "fra-eng.txt"
+    if not path.exists():
+        pytest.skip(f"{path} is not here (the shared data directory holds it)")
+    import numpy as np
+
+    from keras_attn.data.pairs import load_tatoeba
+
+    data = load_tatoeba(str(path), max_length=12, min_freq=2, validation_fraction=0.02, seed=0,
+                        verbose=0)
+
+    def padding(dataset):
+        positions = real = 0
+        for (source, target_in), _ in dataset:
+            positions += int(np.prod(source.shape)) + int(np.prod(target_in.shape))
+            real += int(np.count_nonzero(source)) + int(np.count_nonzero(target_in))
+        return 1 - real / positions
+
+    fixed = padding(data.make_dataset("train", 64))
+    grouped_dataset = data.make_dataset("train", 64, shuffle=True, group_by_length=True)
+    grouped = padding(grouped_dataset)
+    assert fixed > 0.4 and grouped < 0.15, (fixed, grouped)
+    assert int(grouped_dataset.cardinality()) == sum(1 for _ in grouped_dataset)
