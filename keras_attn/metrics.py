@@ -202,10 +202,15 @@ class MaskedSequenceLoss(keras.losses.Loss):
     def call(self, y_true, y_pred):
         y_true = ops.cast(y_true, "int32")
         logits = ops.cast(y_pred, "float32")
-        losses = ops.sparse_categorical_crossentropy(y_true, logits, from_logits=True)  # (B, T)
-        if self.label_smoothing:
-            uniform = -ops.mean(ops.log_softmax(logits, axis=-1), axis=-1)  # (B, T)
-            losses = (1.0 - self.label_smoothing) * losses + self.label_smoothing * uniform
+        if self.label_smoothing:  # one log-softmax for both terms
+            log_probs = ops.log_softmax(logits, axis=-1)  # (B, T, V)
+            picked = -ops.take_along_axis(
+                log_probs, ops.expand_dims(ops.maximum(y_true, 0), -1), axis=-1)[..., 0]
+            uniform = -ops.mean(log_probs, axis=-1)  # (B, T)
+            losses = (1.0 - self.label_smoothing) * picked + self.label_smoothing * uniform
+        else:
+            losses = ops.sparse_categorical_crossentropy(
+                y_true, logits, from_logits=True)  # (B, T)
         mask = ops.cast(ops.not_equal(y_true, PAD_ID), "float32")
         per_sequence = ops.sum(losses * mask, axis=-1)  # (B,)
         batch = ops.cast(ops.shape(y_true)[0], "float32")

@@ -71,7 +71,6 @@ def test_help_shows_every_default_the_model_flags_and_the_date_formats():
                      "(default: 0.002 for the built-in dates, 0.001 for --data/--download)",
                      ("Keras dtype policy of training (default: float32 for the built-in "
                       "dates, mixed_bfloat16 for --data/--download)"),
-                     "(default: 0.0 for the built-in dates, 0.1 for --data/--download)",
                      ("(default: runs/transformer for the built-in dates, "
                       "runs/transformer_tatoeba for --data/--download)"),
                      "SavedModel directory (default: OUT/saved_model)",
