@@ -15,8 +15,8 @@ words) and exact match are recorded.
   with KerasHub") at the size it is usually run: `TokenAndPositionEmbedding`, 2
   `TransformerEncoder` + 2 `TransformerDecoder` blocks (embed 256, intermediate 512, 8 heads),
   dropout 0.5 before the vocabulary projection, RMSprop (1e-3, constant), batch 64, every batch
-  padded to the longest sentence allowed, greedy decoding recomputing the decoder each step
-  (the recipe's `GreedySampler` loop, batched here).
+  padded to the longest sentence allowed, decoded with keras-hub's `GreedySampler`, which
+  reruns the decoder over the prefix each step (`serve_translate.keras_hub_translate`).
 
 Writes OUT/time_to_bleu.json, OUT/time_to_bleu.png (BLEU against training seconds) and
 OUT/keras_hub_recipe.keras (the trained recipe model, for `serve_translate.py`).
@@ -103,6 +103,12 @@ class Budgets:
         self.pending = self.pending[len(budgets):]
 
 
+def batched(translate_batch, sources, batch_size=256):
+    """`translate_batch` over `sources` in batches of `batch_size`."""
+    return [text for start in range(0, len(sources), batch_size)
+            for text in translate_batch(sources[start:start + batch_size])]
+
+
 def scorer(data, split: str, translate_fn):
     """`score(model)`: corpus BLEU (0-100, words) and exact match of greedy translations."""
     from keras_attn.metrics import corpus_bleu, exact_match
@@ -141,30 +147,6 @@ def keras_hub_recipe(data):
     model = keras.Model([source, target], probabilities, name="keras_hub_recipe")
     model.compile("rmsprop", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
-
-
-def keras_hub_greedy(model, data, sources, batch_size=256):
-    """The recipe's greedy decoding: each step reruns the decoder over the prefix (no cache)."""
-    import numpy as np
-    import tensorflow as tf
-
-    from keras_attn.tokens import BOS_ID, EOS_ID
-
-    @tf.function(reduce_retracing=True)
-    def step(source, prefix):
-        return tf.argmax(model([source, prefix], training=False)[:, -1], axis=-1,
-                         output_type=tf.int32)
-
-    texts = []
-    for start in range(0, len(sources), batch_size):
-        source = data.encode_source(sources[start:start + batch_size], standardize=False)
-        tokens = np.full((len(source), 1), BOS_ID, np.int32)
-        for _ in range(data.target_length):
-            tokens = np.concatenate([tokens, step(source, tokens).numpy()[:, None]], axis=1)
-            if (tokens == EOS_ID).any(axis=1).all():
-                break
-        texts += data.decode(tokens[:, 1:])
-    return texts
 
 
 def run_keras_attn(example_argv, budgets, split, out):
@@ -214,8 +196,11 @@ def run_keras_hub(example_argv, budgets, split, out):
     keras.utils.set_random_seed(args.seed)
     data = load_data(args)
     model = keras_hub_recipe(data)
+    from serve_translate import keras_hub_translate
+
     watch = Budgets(budgets, scorer(data, split,
-                                    lambda model, sources: keras_hub_greedy(model, data, sources)))
+                                    lambda model, sources: batched(keras_hub_translate(model, data),
+                                                                   sources)))
     train = data.make_dataset("train", 64, shuffle=True, seed=args.seed)
     model.fit(train, epochs=1000, shuffle=False, verbose=2, callbacks=[watch.callback])
     model.save(os.path.join(out, "keras_hub_recipe.keras"))  # for serve_translate.py

@@ -28,11 +28,10 @@ from transformer_translation import MODEL_FLAGS as TRANSFORMER_FLAGS
 from translation_common import (
     TASK_NAMES,
     held_out_scores,
-    load_data,
+    load_and_describe,
     optimizer,
     parse_args,
     print_samples,
-    raw_sources,
     serve_and_compare,
     served_inputs,
 )
@@ -154,11 +153,7 @@ def main(argv=None) -> dict:
     keras.utils.set_random_seed(args.seed)
     keras.config.set_dtype_policy(args.precision)
     os.makedirs(args.out, exist_ok=True)
-    data = load_data(args)
-    raw = raw_sources(args)
-    print(f"{args.task}: {len(data.train)} train / {len(data.validation)} validation / "
-          f"{len(data.test)} test pairs; vocab {data.source_vocab_size} -> "
-          f"{data.target_vocab_size}; lengths {data.source_length} -> {data.target_length}")
+    data, raw = load_and_describe(args)
 
     model = build_model(data, args)
     check_mask_predict_args(model, args.iterations, args.length_beam, None)  # before training

@@ -184,6 +184,15 @@ def load_data(args):
                         validation_fraction=0.02)
 
 
+def load_and_describe(args):
+    """`load_data(args)` and `raw_sources(args)`, with one line describing the splits."""
+    data = load_data(args)
+    print(f"{args.task}: {len(data.train)} train / {len(data.validation)} validation / "
+          f"{len(data.test)} test pairs; vocab {data.source_vocab_size} -> "
+          f"{data.target_vocab_size}; lengths {data.source_length} -> {data.target_length}")
+    return data, raw_sources(args)
+
+
 def raw_sources(args) -> dict[str, str]:
     """The source sentences as written, by their token strings: what the user typed.
 
@@ -453,11 +462,7 @@ def run(name: str, args, build_model: Callable) -> dict:
         os.makedirs(args.out, exist_ok=True)
         if not args.resume:  # before the model, whose variables the chief broadcasts: no
             shutil.rmtree(backup, ignore_errors=True)  # worker can restore a stale backup
-    data = load_data(args)
-    raw = raw_sources(args)
-    print(f"{args.task}: {len(data.train)} train / {len(data.validation)} validation / "
-          f"{len(data.test)} test pairs; vocab {data.source_vocab_size} -> "
-          f"{data.target_vocab_size}; lengths {data.source_length} -> {data.target_length}")
+    data, raw = load_and_describe(args)
 
     train = training_dataset(data, args)
     validation = (data.make_dataset("validation", args.batch_size,
