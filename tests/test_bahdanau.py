@@ -7,7 +7,8 @@ import tensorflow as tf
 from backend_utils import as_np, assert_allclose, assert_array_equal, dtype_of
 
 from keras_attn import decoding
-from keras_attn.layers import BahdanauCell, BahdanauDecoder, BahdanauEncoder
+from keras_attn.layers import BahdanauCell
+from keras_attn.models import BahdanauDecoder, BahdanauEncoder
 from keras_attn.metrics import MaskedAccuracy, MaskedSequenceLoss
 from keras_attn.models import bahdanau_seq2seq
 
