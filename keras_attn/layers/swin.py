@@ -16,6 +16,7 @@ from keras import ops
 from keras_attn import ops as attn_ops
 from keras_attn.layers.base import BaseAttention, check_positive_int, check_rate
 from keras_attn.layers.ffn import FFN
+from keras_attn.layers.initializers import sublayer_initializer
 
 
 def window_partition(x, window_size: int):
@@ -145,13 +146,17 @@ class WindowAttention(BaseAttention):
                 f"None. Received: num_heads={self.num_heads}"
             )
         self.head_dim = self.key_dim or channels // self.num_heads
-        dense = {"use_bias": self.use_bias, "kernel_initializer": self.kernel_initializer,
-                 "dtype": self.dtype_policy}
         width = self.num_heads * self.head_dim
-        self.query_dense = keras.layers.Dense(width, name="query_dense", **dense)
-        self.key_dense = keras.layers.Dense(width, name="key_dense", **dense)
-        self.value_dense = keras.layers.Dense(width, name="value_dense", **dense)
-        self.output_dense = keras.layers.Dense(channels, name="output_dense", **dense)
+
+        def dense(units, name):  # each projection draws its own kernel
+            return keras.layers.Dense(
+                units, use_bias=self.use_bias, name=name, dtype=self.dtype_policy,
+                kernel_initializer=sublayer_initializer(self.kernel_initializer, name))
+
+        self.query_dense = dense(width, "query_dense")
+        self.key_dense = dense(width, "key_dense")
+        self.value_dense = dense(width, "value_dense")
+        self.output_dense = dense(channels, "output_dense")
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
@@ -317,8 +322,9 @@ class SwinBlock(keras.layers.Layer):
         if s:
             mask = ops.convert_to_tensor(shifted_window_mask(self.height, self.width, m, s))
             mask = ops.tile(mask, (ops.shape(inputs)[0], 1, 1))  # (B · nW, M², M²)
-        h, weights = self.attention(windows, attention_mask=mask, training=training,
-                                    return_attention_scores=True)
+        h = self.attention(windows, attention_mask=mask, training=training,
+                           return_attention_scores=return_attention_scores)
+        h, weights = h if return_attention_scores else (h, None)  # weights only when asked
         h = window_reverse(h, m, self.height, self.width)  # (B, H, W, C)
         if s:
             h = ops.roll(h, shift=(s, s), axis=(1, 2))

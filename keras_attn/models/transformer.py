@@ -59,10 +59,7 @@ class TransformerEncoder(_Stack):
     def __init__(self, vocab_size: int, num_layers: int, embed_dim: int, num_heads: int,
                  ffn_dim: int, embedding: TokenEmbedding | None = None,
                  head: OutputHead | None = None, **kwargs):
-        if isinstance(embedding, dict):
-            embedding = keras.layers.deserialize(embedding)
-        if isinstance(head, dict):
-            head = keras.layers.deserialize(head)
+        embedding, head = (_part(part) for part in (embedding, head))
         super().__init__(vocab_size, num_layers, embed_dim, num_heads, ffn_dim, **kwargs)
         self._given = {"embedding": embedding is not None, "head": head is not None}
         self._assemble(embedding, head)
@@ -114,7 +111,16 @@ class TransformerEncoder(_Stack):
         for part, given in self._given.items():
             if given:
                 config[part] = keras.layers.serialize(getattr(self, part))
+                config[part].pop("build_config", None)  # built by the encoder
         return config
+
+
+def _part(part):
+    """A part given to a stack as a layer or as its config (built later by the stack)."""
+    if not isinstance(part, dict):
+        return part
+    part = {key: value for key, value in part.items() if key != "build_config"}
+    return keras.layers.deserialize(part)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
