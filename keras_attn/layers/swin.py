@@ -17,6 +17,7 @@ from keras_attn import ops as attn_ops
 from keras_attn.layers.base import BaseAttention, check_positive_int, check_rate
 from keras_attn.layers.ffn import FFN
 from keras_attn.layers.initializers import sublayer_initializer
+from keras_attn.layers.quantization import serialize_dtype
 
 
 def window_partition(x, window_size: int):
@@ -192,6 +193,7 @@ class WindowAttention(BaseAttention):
 
     def get_config(self):
         config = super().get_config()
+        config["dtype"] = serialize_dtype(self)
         config.update(
             {
                 "num_heads": self.num_heads,
@@ -341,6 +343,7 @@ class SwinBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        config["dtype"] = serialize_dtype(self)
         config.update(
             {
                 "num_heads": self.num_heads,
@@ -418,6 +421,7 @@ class PatchEmbedding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        config["dtype"] = serialize_dtype(self)
         config.update({"patch_size": self.patch_size, "embed_dim": self.embed_dim,
                        "use_norm": self.use_norm, "epsilon": self.epsilon})
         return config
@@ -478,5 +482,6 @@ class PatchMerging(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        config["dtype"] = serialize_dtype(self)
         config.update({"output_dim": self.output_dim, "epsilon": self.epsilon})
         return config

@@ -14,6 +14,7 @@ from keras import ops
 from keras_attn.layers.bahdanau import BahdanauCell
 from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.dropout import Dropout
+from keras_attn.layers.quantization import serialize_dtype
 from keras_attn.tokens import PAD_ID
 
 
@@ -131,6 +132,7 @@ class BahdanauEncoder(keras.layers.Layer):
                 "num_layers": self.num_layers,
                 "dropout": self.dropout,
                 "seed": self.seed,
+                "dtype": serialize_dtype(self),
             }
         )
         return config
@@ -319,6 +321,7 @@ class BahdanauDecoder(keras.layers.Layer):
                 "num_layers": self.num_layers,
                 "dropout": self.dropout,
                 "seed": self.seed,
+                "dtype": serialize_dtype(self),
             }
         )
         return config
