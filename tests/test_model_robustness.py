@@ -94,7 +94,7 @@ def _batches(x, y=None):
     """The data as `fit` gets it: on TensorFlow a dataset whose length is unknown until it
     runs (the graph then cannot check it when it is traced); arrays elsewhere."""
     if keras.backend.backend() != "tensorflow":
-        return {"x": x, "y": y}
+        return {"x": x} if y is None else {"x": x, "y": y}
     import tensorflow as tf
 
     spec = tf.TensorSpec([None, None], tf.int32)

@@ -17,7 +17,7 @@ from keras_attn.layers.ffn import FFN, GATED
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.multi_head import MultiHead
 from keras_attn.layers.position_bias import RelativePositionBias
-from keras_attn.layers.quantization import serialize_dtype
+from keras_attn.layers.quantization import QuantizedSublayers
 
 IMPLEMENTATIONS = ("dense", "chunked", "local")
 ATTENTION_POSITIONS = (None, "rope", "alibi", "relative")
@@ -92,6 +92,19 @@ def check_kernel_choice(implementation, chunk_size, sliding_window, dropout) -> 
             f"implementation={implementation!r}, dropout={dropout!r}")
 
 
+def check_use_bias(use_bias):
+    """`use_bias` as a bool, or a tuple of attention projection names (checked by
+    `MultiHead`)."""
+    if isinstance(use_bias, bool):
+        return use_bias
+    names = (use_bias,) if isinstance(use_bias, str) else use_bias
+    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            "Received an invalid value for argument `use_bias`, expected a bool or the names "
+            f"of the attention projections with a bias. Received: use_bias={use_bias!r}")
+    return tuple(names)
+
+
 def _position_config(position_encoding):
     """A position encoding as a block keeps it: a name, or a position layer's config (each
     block builds its own layer from it)."""
@@ -121,7 +134,7 @@ def _check_embedded_shape(name: str, shape) -> None:
         )
 
 
-class _TransformerBlock(keras.layers.Layer):
+class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
     """What every Transformer block shares: arguments, sublayer wiring, config."""
 
     def __init__(
@@ -160,7 +173,7 @@ class _TransformerBlock(keras.layers.Layer):
         check_bool("norm_first", norm_first)
         check_number("epsilon", epsilon, 0, strict=True)
         check_positive_int("head_dim", head_dim, allow_none=True)
-        check_bool("use_bias", use_bias)
+        use_bias = check_use_bias(use_bias)
         check_kernel_choice(implementation, chunk_size, sliding_window, dropout)
         self.num_heads = num_heads
         self.ffn_dim = ffn_dim
@@ -226,7 +239,7 @@ class _TransformerBlock(keras.layers.Layer):
             dropout=self.dropout,
             kernel_initializer=sublayer_initializer(self.kernel_initializer, "ffn"),
             seed=self.seed,
-            use_bias=self.use_bias,
+            use_bias=self.use_bias is True,
             name="ffn",
             dtype=self.dtype_policy,
         )
@@ -299,8 +312,9 @@ class _TransformerBlock(keras.layers.Layer):
                 "chunk_size": self.chunk_size,
                 "sliding_window": self.sliding_window,
                 "head_dim": self.head_dim,
-                "use_bias": self.use_bias,
-                "dtype": serialize_dtype(self),
+                "use_bias": self.use_bias if isinstance(self.use_bias, bool) else list(
+                    self.use_bias),
+                "dtype": self.dtype_config(),
             }
         )
         return config
@@ -332,8 +346,9 @@ BLOCK_ARGS_DOC = """        num_heads: int, number of attention heads.
             `attention_window=d` is a deprecated alias of `sliding_window=d + 1`.
             Defaults to `None`.
         head_dim: optional int, the size of each head. Defaults to `embed_dim // num_heads`.
-        use_bias: bool, biases in the attention projections and the FFN. Defaults to
-            `True`."""
+        use_bias: bool, biases in the attention projections and the FFN; or the names of the
+            attention projections that have one (`MultiHead`'s `use_bias`; Qwen2:
+            `("query", "key", "value")`), the FFN then without. Defaults to `True`."""
 
 
 def document_block(norm_first: bool):

@@ -20,7 +20,7 @@ from keras_attn.layers.add_norm import NORMS, make_norm
 from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.position_encoding import sinusoidal_table
-from keras_attn.layers.quantization import serialize_dtype
+from keras_attn.layers.quantization import QuantizedSublayers
 
 POSITIONS = (None, "sinusoidal", "learned")
 
@@ -69,7 +69,7 @@ def _check_positions(inputs, start_index, sequence_length: int):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TokenEmbedding(keras.layers.Layer):
+class TokenEmbedding(QuantizedSublayers, keras.layers.Layer):
     """Token ids to vectors with their positions, the input end of every keras_attn model.
 
     `y = Dropout(Norm(E[ids] · scale + P[start_index + t] + S[token_type_ids]))`, each term
@@ -219,7 +219,7 @@ class TokenEmbedding(keras.layers.Layer):
             "epsilon": self.epsilon, "dropout": self.dropout, "seed": self.seed,
             "embeddings_initializer": keras.initializers.serialize(
                 self.embeddings_initializer),
-            "dtype": serialize_dtype(self),
+            "dtype": self.dtype_config(),
         })
         return config
 
@@ -284,13 +284,13 @@ class TokenAndPositionEmbedding(TokenEmbedding):
             "embedding_dim": self.embedding_dim,
             "mask_zero": self.mask_zero,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
-            "dtype": serialize_dtype(self),
+            "dtype": self.dtype_config(),
         })
         return config
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class OutputHead(keras.layers.Layer):
+class OutputHead(QuantizedSublayers, keras.layers.Layer):
     """Hidden states to vocabulary logits, the output end of every keras_attn model.
 
     `logits = T(x) W + b` in float32, where `W` is a dense kernel, or with
@@ -408,6 +408,6 @@ class OutputHead(keras.layers.Layer):
                                      keras.activations.serialize(self.transform_activation)),
             "epsilon": self.epsilon,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "dtype": serialize_dtype(self),
+            "dtype": self.dtype_config(),
         })
         return config

@@ -17,7 +17,7 @@ from keras_attn import ops as attn_ops
 from keras_attn.layers.base import BaseAttention, check_positive_int, check_rate
 from keras_attn.layers.ffn import FFN
 from keras_attn.layers.initializers import sublayer_initializer
-from keras_attn.layers.quantization import serialize_dtype
+from keras_attn.layers.quantization import QuantizedSublayers
 
 
 def window_partition(x, window_size: int):
@@ -65,7 +65,7 @@ def shifted_window_mask(height: int, width: int, window_size: int, shift_size: i
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class WindowAttention(BaseAttention):
+class WindowAttention(QuantizedSublayers, BaseAttention):
     """Multi-head self-attention inside one `M × M` window, with relative position bias.
 
     `softmax(Q Kᵀ / √d + B) V` per head, where `B[i, j] = table[index(i, j), head]` and the
@@ -193,7 +193,7 @@ class WindowAttention(BaseAttention):
 
     def get_config(self):
         config = super().get_config()
-        config["dtype"] = serialize_dtype(self)
+        config["dtype"] = self.dtype_config()
         config.update(
             {
                 "num_heads": self.num_heads,
@@ -220,7 +220,7 @@ def _check_grid(name: str, shape, divisor: int, divisor_name: str) -> None:
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class SwinBlock(keras.layers.Layer):
+class SwinBlock(QuantizedSublayers, keras.layers.Layer):
     """One Swin Transformer block: (shifted) window attention and an MLP, pre-LN.
 
     `h = x + R⁻¹(WindowAttention(R(LayerNorm(x)), mask))`, `y = h + MLP(LayerNorm(h))`, where
@@ -343,7 +343,7 @@ class SwinBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config["dtype"] = serialize_dtype(self)
+        config["dtype"] = self.dtype_config()
         config.update(
             {
                 "num_heads": self.num_heads,
@@ -359,7 +359,7 @@ class SwinBlock(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class PatchEmbedding(keras.layers.Layer):
+class PatchEmbedding(QuantizedSublayers, keras.layers.Layer):
     """Cuts an image into `p × p` patches and embeds each linearly: a grid of tokens.
 
     A `Conv2D` with kernel and stride `p` (one dense map per patch), then LayerNorm.
@@ -421,14 +421,14 @@ class PatchEmbedding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config["dtype"] = serialize_dtype(self)
+        config["dtype"] = self.dtype_config()
         config.update({"patch_size": self.patch_size, "embed_dim": self.embed_dim,
                        "use_norm": self.use_norm, "epsilon": self.epsilon})
         return config
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class PatchMerging(keras.layers.Layer):
+class PatchMerging(QuantizedSublayers, keras.layers.Layer):
     """Halves the grid: concatenates each 2 × 2 group of tokens, LayerNorm, linear map.
 
     The four tokens of a group are concatenated in the order (0, 0), (1, 0), (0, 1), (1, 1)
@@ -482,6 +482,6 @@ class PatchMerging(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config["dtype"] = serialize_dtype(self)
+        config["dtype"] = self.dtype_config()
         config.update({"output_dim": self.output_dim, "epsilon": self.epsilon})
         return config

@@ -26,7 +26,7 @@ from keras_attn.layers.block_base import (
 )
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
-from keras_attn.layers.quantization import serialize_dtype
+from keras_attn.layers.quantization import QuantizedSublayers
 from keras_attn.tokens import PAD_ID
 
 STACK_ARGS_DOC = """        vocab_size: int, number of tokens.
@@ -73,7 +73,7 @@ def embeddings_initializer(kernel_initializer):
     return keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
 
 
-class _Stack(keras.layers.Layer):
+class _Stack(QuantizedSublayers, keras.layers.Layer):
     """Embedding -> blocks -> final norm -> head; the arguments every stack shares.
 
     Subclasses set `block_class`, and may override `_embedding`, `_head`, `_block_kwargs`
@@ -211,6 +211,6 @@ class _Stack(keras.layers.Layer):
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "seed": self.seed, "implementation": self.implementation,
             "chunk_size": self.chunk_size, "sliding_window": self.sliding_window,
-            "pad_id": self.pad_id, "dtype": serialize_dtype(self),
+            "pad_id": self.pad_id, "dtype": self.dtype_config(),
         })
         return config

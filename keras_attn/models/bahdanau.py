@@ -14,7 +14,7 @@ from keras import ops
 from keras_attn.layers.bahdanau import BahdanauCell
 from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.dropout import Dropout
-from keras_attn.layers.quantization import serialize_dtype
+from keras_attn.layers.quantization import QuantizedSublayers
 from keras_attn.tokens import PAD_ID
 
 
@@ -30,7 +30,7 @@ def _check_sizes(vocab_size, embed_dim, units, num_layers, dropout) -> None:
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class BahdanauEncoder(keras.layers.Layer):
+class BahdanauEncoder(QuantizedSublayers, keras.layers.Layer):
     """GRU encoder: embedding (id 0 = padding, masked) → a stack of GRU layers.
 
     Padding is skipped by the GRUs, so the final state of a sequence is its state after its
@@ -132,14 +132,14 @@ class BahdanauEncoder(keras.layers.Layer):
                 "num_layers": self.num_layers,
                 "dropout": self.dropout,
                 "seed": self.seed,
-                "dtype": serialize_dtype(self),
+                "dtype": self.dtype_config(),
             }
         )
         return config
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class BahdanauDecoder(keras.layers.Layer):
+class BahdanauDecoder(QuantizedSublayers, keras.layers.Layer):
     """GRU decoder with additive attention over the encoder states at every step.
 
     embedding → `keras.layers.RNN(BahdanauCell)` → dense. The decoder's initial states are the
@@ -321,7 +321,7 @@ class BahdanauDecoder(keras.layers.Layer):
                 "num_layers": self.num_layers,
                 "dropout": self.dropout,
                 "seed": self.seed,
-                "dtype": serialize_dtype(self),
+                "dtype": self.dtype_config(),
             }
         )
         return config

@@ -16,7 +16,7 @@ from keras import ops
 from keras_attn._checks import check_positive_int
 from keras_attn.layers.embedding import TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
-from keras_attn.layers.quantization import serialize_dtype
+from keras_attn.layers.quantization import QuantizedSublayers
 from keras_attn.layers.transformer_blocks import TransformerDecoderBlock
 from keras_attn.models.assembly import _Stack, document_stack, embeddings_initializer
 from keras_attn.tokens import BOS_ID, EOS_ID, mask_id
@@ -109,7 +109,7 @@ class CMLMDecoder(_Stack):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class LengthPredictor(keras.layers.Layer):
+class LengthPredictor(QuantizedSublayers, keras.layers.Layer):
     """Target-length classifier: the mean of the encoder states over the real source tokens,
     then a linear layer over the lengths `0..max_length`.
 
@@ -172,5 +172,5 @@ class LengthPredictor(keras.layers.Layer):
         config = super().get_config()
         config["max_length"] = self.max_length
         config["kernel_initializer"] = keras.initializers.serialize(self.kernel_initializer)
-        config["dtype"] = serialize_dtype(self)
+        config["dtype"] = self.dtype_config()
         return config

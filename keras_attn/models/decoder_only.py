@@ -11,7 +11,7 @@ from keras import ops
 from keras_attn._checks import check_bool, check_one_of
 from keras_attn.layers.add_norm import NORMS
 from keras_attn.layers.base import check_positive_int
-from keras_attn.layers.block_base import _position_config
+from keras_attn.layers.block_base import _position_config, check_use_bias
 from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
@@ -49,8 +49,9 @@ class TransformerDecoderOnly(_Stack):
         tie_embeddings: bool, logits from the token table. Defaults to `False`.
         head_dim: optional int, the size of each attention head. Defaults to
             `embed_dim // num_heads`.
-        use_bias: bool, biases in the attention and FFN projections and the untied head.
-            Defaults to `True`.
+        use_bias: bool, biases in the attention and FFN projections and the untied head; or
+            the names of the attention projections with one (Qwen2: `("query", "key",
+            "value")`; FFN and head then without). Defaults to `True`.
 
     Call arguments:
         inputs: integer token ids `(B, T)`.
@@ -93,7 +94,7 @@ class TransformerDecoderOnly(_Stack):
         check_one_of("norm", norm, NORMS)
         check_bool("tie_embeddings", tie_embeddings)
         check_positive_int("head_dim", head_dim, allow_none=True)
-        check_bool("use_bias", use_bias)
+        use_bias = check_use_bias(use_bias)
         self.position_encoding, self.max_length = position_encoding, max_length
         self.num_key_value_heads, self.norm = num_key_value_heads, norm
         self.tie_embeddings, self.head_dim, self.use_bias = tie_embeddings, head_dim, use_bias
@@ -121,7 +122,7 @@ class TransformerDecoderOnly(_Stack):
     def _head(self) -> OutputHead:
         return OutputHead(
             self.vocab_size, tie_embeddings=self.tie_embeddings,
-            use_bias=self.use_bias and not self.tie_embeddings,
+            use_bias=self.use_bias is True and not self.tie_embeddings,
             kernel_initializer=sublayer_initializer(self.kernel_initializer, "head"),
             name="head", dtype=self.dtype_policy)
 
@@ -220,6 +221,7 @@ class TransformerDecoderOnly(_Stack):
             "position_encoding": self.position_encoding, "max_length": self.max_length,
             "num_key_value_heads": self.num_key_value_heads, "norm": self.norm,
             "tie_embeddings": self.tie_embeddings, "head_dim": self.head_dim,
-            "use_bias": self.use_bias,
+            "use_bias": self.use_bias if isinstance(self.use_bias, bool) else list(
+                self.use_bias),
         })
         return config

@@ -168,17 +168,23 @@ class TransformerDecoder(_Stack):
         encoder_outputs_shape = encoder_outputs_shape or tuple(inputs_shape) + (self.embed_dim,)
         self._build_parts(inputs_shape, encoder_outputs_shape)
 
-    def _run_blocks(self, x, encoder_padding_mask, return_attention, **per_block):
-        """The blocks over `x`; `per_block` maps a block argument to one value per block.
-        Returns `x`, the new self-attention caches and the weights (lists)."""
+    def _run_blocks(self, x, return_attention, encoder_outputs=None, encoder_padding_mask=None,
+                    decoder_padding_mask=None, state=None, index=None, training=None):
+        """The blocks over `x` (with the decoding `state`'s caches at `index`, when given):
+        `x`, the new self-attention caches and the cross-attention weights (lists)."""
         caches, weights = [], []
         for i, block in enumerate(self.blocks):
-            kwargs = {name: values[i] for name, values in per_block.items()}
-            results = block(x, encoder_padding_mask=encoder_padding_mask,
-                            return_attention_scores=return_attention, **kwargs)
+            cached = {} if state is None else {
+                "self_attention_cache": state["self_attention_cache"][i],
+                "self_attention_cache_update_index": index,
+                "cross_attention_cache": state["cross_attention_cache"][i]}
+            results = block(x, encoder_outputs, decoder_padding_mask=decoder_padding_mask,
+                            encoder_padding_mask=encoder_padding_mask,
+                            return_attention_scores=return_attention, training=training,
+                            **cached)
             results = results if isinstance(results, tuple) else (results,)
             x = results[0]
-            if "self_attention_cache" in kwargs:
+            if state is not None:
                 caches.append(results[1])
             if return_attention:
                 weights.append(results[-1])  # (B, H, T, S)
@@ -188,13 +194,10 @@ class TransformerDecoder(_Stack):
              return_attention_scores=False, training=None):
         if encoder_padding_mask is None:
             encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
-        decoder_padding_mask = self.padding_mask(inputs)  # (B, T)
         x = self.embedding(inputs, training=training)  # (B, T, d)
-        n = self.num_layers
         x, _, weights = self._run_blocks(
-            x, encoder_padding_mask, return_attention_scores,
-            encoder_outputs=[encoder_outputs] * n,
-            decoder_padding_mask=[decoder_padding_mask] * n, training=[training] * n)
+            x, return_attention_scores, encoder_outputs, encoder_padding_mask,
+            decoder_padding_mask=self.padding_mask(inputs), training=training)
         logits = self._logits(x)  # (B, T, V)
         if return_attention_scores:
             return logits, ops.cast(ops.stack(weights, axis=1), "float32")  # (B, L, H, T, S)
@@ -228,10 +231,8 @@ class TransformerDecoder(_Stack):
         token_ids = ops.expand_dims(ops.cast(token_ids, "int32"), -1)  # (B, 1)
         x = self.embedding(token_ids, start_index=index)  # (B, 1, d)
         x, caches, weights = self._run_blocks(
-            x, state["encoder_padding_mask"], return_attention,
-            self_attention_cache=state["self_attention_cache"],
-            self_attention_cache_update_index=[index] * self.num_layers,
-            cross_attention_cache=state["cross_attention_cache"])
+            x, return_attention, encoder_padding_mask=state["encoder_padding_mask"],
+            state=state, index=index)
         logits = self._logits(x)[:, 0, :]  # (B, V)
         state = dict(state, self_attention_cache=tuple(caches))
         if not return_attention:
