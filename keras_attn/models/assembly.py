@@ -76,11 +76,13 @@ def embeddings_initializer(kernel_initializer):
 class _Stack(QuantizedSublayers, keras.layers.Layer):
     """Embedding -> blocks -> final norm -> head; the arguments every stack shares.
 
-    Subclasses set `block_class`, and may override `_embedding`, `_head`, `_block_kwargs`
-    and `_norm_kind`.
+    Subclasses set `block_class` (and `blocks_first`), and may override `_embedding`, `_head`,
+    `_block_kwargs` and `_norm_kind`.
     """
 
     block_class: type = None
+    # The order of `weights` (and of `get_weights()` lists) of keras_attn 0.1's stacks.
+    blocks_first: bool = False
 
     def __init__(self, vocab_size: int, num_layers: int, embed_dim: int, num_heads: int,
                  ffn_dim: int, dropout: float = 0.0, norm_first: bool = False,
@@ -114,13 +116,17 @@ class _Stack(QuantizedSublayers, keras.layers.Layer):
     def _assemble(self, embedding=None, head=None) -> None:
         """Create the parts (call at the end of the subclass' `__init__`)."""
         self._check_heads()
+        blocks = [self.block_class(**self._block_kwargs(f"block_{i}"), name=f"block_{i}")
+                  for i in range(self.num_layers)]
+        if self.blocks_first:
+            self.blocks = blocks
         self.embedding = embedding or self._embedding()
-        self.blocks = [self.block_class(**self._block_kwargs(f"block_{i}"), name=f"block_{i}")
-                       for i in range(self.num_layers)]
         self.final_norm = None
         if self.norm_first:  # pre-LN leaves the residual stream unnormalized
             self.final_norm = make_norm(self._norm_kind(), self.epsilon, "final_norm",
                                         self.dtype_policy)
+        if not self.blocks_first:
+            self.blocks = blocks
         self.head = head if head is not None else self._head()
         if self.head is not None and self.head.tie_embeddings:
             self.head.tie(self.embedding.token_embedding)

@@ -75,6 +75,7 @@ class TransformerDecoderOnly(_Stack):
     """
 
     block_class = TransformerDecoderOnlyBlock
+    blocks_first = True
 
     def __init__(self, vocab_size: int, num_layers: int, embed_dim: int, num_heads: int,
                  ffn_dim: int, dropout: float = 0.0, position_encoding="rope",
