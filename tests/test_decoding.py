@@ -472,3 +472,17 @@ def test_source_ids_past_the_vocabulary_and_int32_lengths_are_refused():
                     np.array([[4, 15, 0]], "int32"))
     with pytest.raises(ValueError, match="argument `max_length`"):
         decoding.greedy_search(model, T_SOURCE, 2**31)
+
+
+def test_mask_predict_refuses_source_ids_past_the_vocabulary():
+    from keras_attn.models import nat_seq2seq
+
+    model = nat_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=16,
+                        max_target_length=5)
+    tokens, _ = decoding.mask_predict(model, [[4, 11, 0]], iterations=2)
+    assert to_np(tokens).shape == (1, 5)
+    for source in ([[4, 12, 0]], [[4, -3, 0]]):
+        with pytest.raises(ValueError, match="argument `source_ids`"):
+            decoding.mask_predict(model, source, iterations=2)
+    with pytest.raises(ValueError, match="source_ids"):
+        decoding.mask_predict(model, [4, 5], iterations=2)
