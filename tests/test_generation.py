@@ -171,8 +171,10 @@ def test_max_new_tokens_beyond_the_buffer_means_as_many_as_fit(model):
     """2**31 - 1 once overflowed `prompt length + max_new_tokens` and generated nothing."""
     full = to_np(decoding.generate(model, PROMPTS, 10))
     assert np.all((full[:, 4:] > 0).sum(1) > 0)  # a real test: something is generated
-    for value in (INT32_MAX, np.int64(2**40), keras.ops.convert_to_tensor(INT32_MAX),
-                  keras.ops.convert_to_tensor(2**40, "int64")):  # never wrapped to int32
+    values = [INT32_MAX, np.int64(2**40), keras.ops.convert_to_tensor(INT32_MAX)]
+    if keras.backend.backend() != "jax":  # JAX has no int64 tensors (without x64)
+        values.append(keras.ops.convert_to_tensor(2**40, "int64"))  # never wrapped to int32
+    for value in values:
         np.testing.assert_array_equal(
             to_np(decoding.generate(model, PROMPTS, 10, max_new_tokens=value)), full)
     traced = call_traced(lambda n: decoding.generate(model, PROMPTS, 10, max_new_tokens=n),
