@@ -264,6 +264,17 @@ def test_without_an_end_token_every_row_runs_to_its_limit(model):
     assert np.all(beams > 0)
 
 
+def test_numpy_int64_arguments_equal_python_ints(model):
+    """int64 `max_length` with `max_new_tokens` failed with a TensorFlow dtype error."""
+    i64 = np.int64
+    for kwargs in ({"max_new_tokens": 3, "strategy": "sample", "top_k": 5, "seed": 4},
+                   {"strategy": "beam", "beam_size": 2, "eos_id": EOS_ID}):
+        as_int64 = {k: i64(v) if isinstance(v, int) else v for k, v in kwargs.items()}
+        np.testing.assert_array_equal(
+            to_np(decoding.generate(model, PROMPTS.astype("int64"), i64(10), **as_int64)),
+            to_np(decoding.generate(model, PROMPTS, 10, **kwargs)))
+
+
 @pytest.mark.xfail(reason="decode_step passes `index` on to the position layers and MultiHead, "
                           "whose int32 casts are the core helper's (MultiHead, RotaryEmbedding) "
                           "and the models helper's (decode_step, TokenAndPositionEmbedding) "

@@ -84,7 +84,7 @@ def _search(model, source_ids, max_length, strategy, params, bos_id, eos_id, bea
     outputs = compiled.run(
         _decode, model, (source_ids,) + params,
         {"strategy": strategy, "max_length": int(max_length), "bos_id": int(bos_id),
-         "eos_id": None if eos_id is None else int(eos_id), "beam_size": beam_size,
+         "eos_id": None if eos_id is None else int(eos_id), "beam_size": int(beam_size),
          "return_attention": bool(return_attention), "return_scores": bool(return_scores)},
         jit_compile)
     outputs = tuple(outputs)
