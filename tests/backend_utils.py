@@ -116,3 +116,20 @@ def layer_value_and_grads(layer, inputs: list, cotangent, **call_kwargs):
 
     arrays = list(inputs) + [keras.ops.convert_to_numpy(t) for t in trainable]
     return value_and_grads(fn, arrays, cotangent)
+
+
+def call_traced(fn, *inputs):
+    """`fn(*inputs)` with the inputs' values unknown while `fn` is traced: inside a
+    `tf.function` on TensorFlow, a `jax.jit` on JAX; torch has no graph, so it runs `fn`
+    eagerly. Checks of values must then happen in the compiled program itself."""
+    backend = keras.backend.backend()
+    inputs = [keras.ops.convert_to_tensor(x) for x in inputs]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)(*inputs)
+    if backend == "jax":
+        import jax
+
+        return jax.jit(fn)(*inputs)
+    return fn(*inputs)
