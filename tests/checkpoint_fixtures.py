@@ -1,9 +1,12 @@
-"""Tiny pretrained checkpoints, built offline once per test session (per process).
+"""Tiny pretrained checkpoints, built offline by one subprocess and reused.
 
 One subprocess (`python tests/checkpoint_fixtures.py ROOT`, run by the first fixture asked
 for) builds everything with torch, transformers, tokenizers and sentencepiece, so that the test
 processes never import torch or transformers (each would make every later test's
-`clear_session` garbage collection slower):
+`clear_session` garbage collection slower). The build goes to the temporary directory under a
+hash of this file, the data and the libraries' versions, so later sessions and parallel
+workers reuse it (`KERAS_ATTN_CHECKPOINT_FIXTURES=DIR` puts it elsewhere); tests copy a
+fixture before changing it.
 
 - `tokenizer_dir(kind)`: tokenizer files trained on the first lines of
   `../shared/data/timemachine.txt` plus a few lines of other scripts, tiny vocabularies:
@@ -31,8 +34,8 @@ Nothing is downloaded.
 
 from __future__ import annotations
 
-import atexit
 import functools
+import hashlib
 import io
 import json
 import os
@@ -44,6 +47,7 @@ import tempfile
 DATA = os.path.normpath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "shared",
                                      "data", "timemachine.txt"))
 ROOT = ""  # the build directory: made by `_built` (tests) or given to `build` (subprocess)
+LIBRARIES = ("torch", "transformers", "tokenizers", "sentencepiece", "safetensors", "numpy")
 
 # Lines of other scripts, so that the tiny vocabularies know some non-English characters.
 EXTRA_LINES = [
@@ -359,14 +363,41 @@ def build(root: str) -> None:
     _build_rope_cases()
 
 
+def _cache_key() -> str:
+    """A hash of what the fixtures depend on: this file, the data and the libraries."""
+    from importlib import metadata
+
+    digest = hashlib.sha256()
+    for path in (os.path.abspath(__file__), DATA):
+        with open(path, "rb") as file:
+            digest.update(file.read())
+    for name in LIBRARIES:
+        digest.update(f"{name}=={metadata.version(name)}".encode())
+    return digest.hexdigest()[:16]
+
+
 @functools.cache
 def _built() -> str:
-    root = tempfile.mkdtemp(prefix="keras_attn_checkpoints_")
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), root], check=False,
-                            capture_output=True, text=True, timeout=600)
-    if result.returncode:
-        raise RuntimeError("building the checkpoint fixtures failed:\n" + result.stderr[-4000:])
+    """The build directory, built now unless a build with the same cache key is complete (a
+    lock keeps parallel test workers from building it twice)."""
+    import fcntl
+
+    root = os.environ.get("KERAS_ATTN_CHECKPOINT_FIXTURES") or os.path.join(
+        tempfile.gettempdir(), f"keras_attn_checkpoint_fixtures_{_cache_key()}")
+    with open(root + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isfile(os.path.join(root, "COMPLETE")):
+            partial = root + ".partial"
+            for path in (root, partial):
+                shutil.rmtree(path, ignore_errors=True)
+            os.makedirs(partial)
+            result = subprocess.run([sys.executable, os.path.abspath(__file__), partial],
+                                    check=False, capture_output=True, text=True, timeout=900)
+            if result.returncode:
+                raise RuntimeError("building the checkpoint fixtures failed:\n"
+                                   + result.stderr[-4000:])
+            open(os.path.join(partial, "COMPLETE"), "w").close()
+            os.rename(partial, root)
     return root
 
 
