@@ -22,7 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_attn.checkpoints.tokenizer import (
+from keras_attn.checkpoints.tokenizer_base import (
     MARK,
     CheckpointTokenizer,
     added_tokens,

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_attn.checkpoints.tokenizer import (
+from keras_attn.checkpoints.tokenizer_base import (
     CheckpointTokenizer,
     added_tokens,
     id_table,

@@ -22,12 +22,12 @@ import os
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_attn.checkpoints.tokenizer import (
+from keras_attn.checkpoints.tokenizer_base import (
     CheckpointTokenizer,
-    _read,
     _token_content,
     added_tokens,
     id_table,
+    read_json,
     refuse_tokenizer,
     special_ids,
     template_ids,
@@ -56,7 +56,7 @@ def _from_vocab_txt(directory: str) -> dict:
     """The `tokenizer.json` transformers' `BertTokenizer` builds from `vocab.txt` and
     `tokenizer_config.json`."""
     config_path = os.path.join(directory, "tokenizer_config.json")
-    config = _read(config_path) if os.path.isfile(config_path) else {}
+    config = read_json(config_path) if os.path.isfile(config_path) else {}
     with open(os.path.join(directory, "vocab.txt"), encoding="utf-8") as file:
         vocab = {line.rstrip("\n"): index for index, line in enumerate(file)}
     lowercase = config.get("do_lower_case", True)
