@@ -191,3 +191,10 @@ def test_keras_hub_refusals():
         canonical_from_keras_hub(backbone)
     with pytest.raises(ValueError, match="`model`"):
         spec_from_keras_hub(keras.Sequential([keras.layers.Dense(2)]))
+    both = keras_hub.models.LlamaBackbone(
+        vocabulary_size=16, num_layers=1, num_query_heads=2, num_key_value_heads=1,
+        hidden_dim=8, intermediate_dim=16, rope_position_scaling_factor=2.0,
+        rope_frequency_adjustment_factor=8.0, rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0, rope_pretraining_sequence_length=16)
+    with pytest.raises(ValueError, match="rope_position_scaling_factor"):
+        spec_from_keras_hub(both)  # linear and llama3 scaling at once: no HF equivalent
