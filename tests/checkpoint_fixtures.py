@@ -23,7 +23,9 @@ fixture before changing it.
   sliding window on every layer; GPT-2; `BertModel`; `BertForMaskedLM`.
 - `expected(name)`: what torch computed for that checkpoint: `state/<name>` (the stored state
   dict, float32; `bits/<name>` the raw bfloat16 bits), `ids`, `mask`, `token_type_ids`, and
-  `logits` (or `hidden` and `pooled` for `BertModel`) of `model(ids, attention_mask=mask)`.
+  `logits` (or `hidden` and `pooled` for `BertModel`) of `model(ids, attention_mask=mask)`;
+  for the causal LMs `generated`: `model.generate` greedy from `ids[:, :5]`, 20 new tokens
+  (`(2, 25)`).
 - `rope_cases()`: Llama configs (default, linear, llama3 RoPE) with the inverse frequencies
   `transformers.modeling_rope_utils` computes for them.
 - `keras_hub_model(name)` (in process): tiny keras-hub tasks with random weights: `"gpt2"`,
@@ -278,6 +280,13 @@ def _expected_outputs(model, vocab: int, bert: bool) -> dict:
         out = model(torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)),
                     **kwargs)
     arrays = {"ids": ids, "mask": mask, "token_type_ids": types}
+    if hasattr(model, "generate") and not bert:  # greedy, 20 new tokens, no early stop
+        prompt = torch.tensor(ids[:, :5])
+        with torch.no_grad():
+            arrays["generated"] = model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                max_new_tokens=20, min_new_tokens=20,
+                pad_token_id=model.config.eos_token_id).numpy()
     if hasattr(out, "logits"):
         arrays["logits"] = out.logits.float().numpy()
     else:

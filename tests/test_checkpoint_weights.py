@@ -49,6 +49,12 @@ def test_canonical_weights_reproduce_torch():
                                        err_msg=name)
             np.testing.assert_allclose(ours[1], expected["pooled"], atol=1e-5, err_msg=name)
             continue
+        if spec.task == "causal_lm":  # the greedy continuation, from the table's formulas
+            tokens = expected["ids"][:, :5]
+            for _ in range(20):
+                logits = ref.pretrained_transformer(spec, weights, tokens)[:, -1]
+                tokens = np.concatenate([tokens, logits.argmax(-1)[:, None]], axis=1)
+            np.testing.assert_array_equal(tokens, expected["generated"], err_msg=name)
         error = np.abs(ours[mask] - expected["logits"][mask]).max()
         assert error < 1e-5, (name, error)
         if name in WITHOUT:  # (random weights give small logits: compare to our error)
