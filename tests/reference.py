@@ -41,8 +41,10 @@ __all__ = [
     "keras_sliding_window_mask",
     "layer_norm",
     "length_mask",
+    "pretrained_transformer",
     "rms_norm",
     "rope",
+    "rope_frequencies",
     "rope_interleaved",
     "sampling_distribution",
     "t5_bias",
@@ -504,3 +506,107 @@ def sampling_distribution(logits, temperature=1.0, top_k=None, top_p=None):
 def gnmt_length_penalty(length, alpha):
     """GNMT length penalty (Wu et al., 2016): ``((5 + length) / 6) ** alpha``."""
     return ((5.0 + _f64(length)) / 6.0) ** alpha
+
+
+# ---------------------------------------------------------------------------------------
+# Pretrained Transformers (keras_attn.checkpoints' canonical weights)
+# ---------------------------------------------------------------------------------------
+
+
+def _spec_activation(name):
+    return {"silu": lambda z: z / (1.0 + np.exp(-z)), "relu": lambda z: np.maximum(z, 0.0),
+            "gelu": gelu, "gelu_tanh": lambda z: gelu(z, approximate=True)}[name]
+
+
+def _canonical_norm(x, weights, prefix, spec, epsilon=None):
+    epsilon = spec.norm_eps if epsilon is None else epsilon
+    if spec.norm == "rms":
+        return rms_norm(x, weights[f"{prefix}/scale"], epsilon)
+    return layer_norm(x, weights[f"{prefix}/scale"], weights[f"{prefix}/offset"], epsilon)
+
+
+def _dense(x, weights, prefix):
+    out = x @ _f64(weights[f"{prefix}/kernel"])
+    bias = weights.get(f"{prefix}/bias")
+    return out if bias is None else out + _f64(bias)
+
+
+def rope_frequencies(x, positions, inv_freq):
+    """Rotary embedding, "rotate half" layout, with explicit inverse frequencies
+    ``(d/2,)``: ``rope(x, positions, w, s)`` is ``inv_freq = w^(-2i/d) / s``."""
+    x = _f64(x)
+    theta = _f64(positions)[..., None] * _f64(inv_freq)
+    cos, sin = np.cos(theta), np.sin(theta)
+    x1, x2 = np.split(x, 2, axis=-1)
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def pretrained_transformer(spec, weights, ids, token_type_ids=None, padding_mask=None):
+    """The outputs of a pretrained Transformer from its canonical weights and spec, as
+    ``keras_attn.checkpoints.canonical`` documents them (the formulas of its table).
+
+    ids ``(B, T)``; token_type_ids ``(B, T)`` (default zeros); padding_mask ``(B, T)`` bool,
+    True = a real token (padded keys are masked; default all real). Positions count from 0.
+    Returns the logits ``(B, T, V)`` of a ``causal_lm`` or ``masked_lm`` spec, and for an
+    ``encoder`` the pair ``(hidden (B, T, D), pooled (B, D) or None)``.
+    """
+    ids = np.asarray(ids)
+    B, T = ids.shape
+    positions = np.arange(T)
+    x = _f64(weights["token_embedding/embeddings"])[ids]
+    if spec.position == "learned":
+        x = x + _f64(weights["position_embedding/embeddings"])[positions]
+    if spec.type_vocab_size:
+        types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids)
+        x = x + _f64(weights["token_type_embedding/embeddings"])[types]
+    if spec.embedding_norm:
+        x = _canonical_norm(x, weights, "embedding_norm", spec)
+    mask = np.ones((T, T), dtype=bool)
+    if spec.causal:
+        mask &= causal_mask(T, T)
+    if spec.sliding_window is not None:
+        mask &= positions[:, None] - positions[None, :] < spec.sliding_window
+    mask = np.broadcast_to(mask, (B, 1, 1, T, T))
+    if padding_mask is not None:
+        mask = mask & np.asarray(padding_mask, dtype=bool)[:, None, None, None, :]
+    groups = spec.num_heads // spec.num_kv_heads
+    act = _spec_activation(spec.activation)
+    for i in range(spec.num_layers):
+        p = f"layers/{i}"
+        h = _canonical_norm(x, weights, f"{p}/attention_norm", spec) if spec.norm_first else x
+        q = _dense(h, weights, f"{p}/attention/query").reshape(
+            B, T, spec.num_kv_heads, groups, spec.head_dim).transpose(0, 2, 3, 1, 4)
+        k, v = (_dense(h, weights, f"{p}/attention/{name}").reshape(
+            B, T, spec.num_kv_heads, 1, spec.head_dim).transpose(0, 2, 3, 1, 4)
+            for name in ("key", "value"))  # (B, K, 1, T, d)
+        if spec.position == "rope":
+            inv_freq = spec.rope_inverse_frequencies()
+            q = rope_frequencies(q, positions, inv_freq)
+            k = rope_frequencies(k, positions, inv_freq)
+        context, _ = attention(q, k, v, mask)  # (B, K, G, T, d)
+        context = context.transpose(0, 3, 1, 2, 4).reshape(B, T, spec.num_heads * spec.head_dim)
+        out = _dense(context, weights, f"{p}/attention/output")
+        if spec.norm_first:
+            x = x + out
+            h = _canonical_norm(x, weights, f"{p}/ffn_norm", spec)
+        else:
+            x = h = _canonical_norm(x + out, weights, f"{p}/attention_norm", spec)
+        if spec.gated_ffn:
+            inner = act(_dense(h, weights, f"{p}/ffn/gate")) * _dense(h, weights, f"{p}/ffn/hidden")
+        else:
+            inner = act(_dense(h, weights, f"{p}/ffn/hidden"))
+        out = _dense(inner, weights, f"{p}/ffn/output")
+        x = x + out if spec.norm_first else _canonical_norm(x + out, weights, f"{p}/ffn_norm", spec)
+    if spec.final_norm:
+        x = _canonical_norm(x, weights, "final_norm", spec)
+    embedding_t = _f64(weights["token_embedding/embeddings"]).T
+    if spec.task == "causal_lm":
+        return x @ _f64(weights.get("lm_head/kernel", embedding_t))
+    if spec.task == "masked_lm":
+        t = _spec_activation(spec.head_activation)(_dense(x, weights, "mlm_head/dense"))
+        t = layer_norm(t, weights["mlm_head/norm/scale"], weights["mlm_head/norm/offset"],
+                       spec.head_norm_eps)
+        return t @ _f64(weights.get("mlm_head/decoder/kernel", embedding_t)) + _f64(
+            weights["mlm_head/bias"])
+    pooled = np.tanh(_dense(x[:, 0], weights, "pooler")) if spec.pooler else None
+    return x, pooled

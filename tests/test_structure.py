@@ -26,6 +26,7 @@ RANKS = {
     "keras_attn.layers": 3,
     "keras_attn.models": 4,
     "keras_attn.decoding": 5,
+    "keras_attn.checkpoints": 5,  # pretrained weights in: reads models (phase 2), never the reverse
     "keras_attn.export": 6,
     "keras_attn.export_generator": 6,
     "keras_attn.distribute": 6,
