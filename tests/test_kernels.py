@@ -324,16 +324,25 @@ def test_integer_tensors_are_refused_by_the_op():
         attn_ops.dot_product_attention(x, x, x)
 
 
-def test_local_kernel_refuses_what_it_cannot_apply():
-    x = np.ones((2, 1, 6, 4), "float32")
-    mask = AttentionMask.build(6, 6, 2, window=2, attention_mask=np.ones((2, 6, 6), bool))
-    with pytest.raises(ValueError, match="attention_mask"):
-        attn_ops.dot_product_attention(x, x, x, mask, implementation="local")
+def test_the_local_kernel_gives_way_to_the_dense_one_for_what_it_cannot_apply():
+    """A dense mask, a bias, the weights, a causal offset: the dense kernel runs, with the
+    window in its mask (`keras_attn.ops.kernel_for`); without a window there is no band."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=(2, 1, 6, 4)).astype("float32") for _ in range(3))
+    dense_mask = rng.random((2, 6, 6)) < 0.7
+    bias = rng.normal(size=(6, 6)).astype("float32")
+    for build, extra in [({"attention_mask": dense_mask}, {}), ({}, {"bias": bias}),
+                         ({}, {"return_weights": True}),
+                         ({"use_causal_mask": True, "causal_offset": 2}, {})]:
+        mask = AttentionMask.build(6, 6, 2, window=1, **build)
+        assert attn_ops.kernel_for("local", mask, q, k, extra.get("bias"),
+                                   extra.get("return_weights")) == "dense"
+        got, _ = attn_ops.dot_product_attention(q, k, v, mask, implementation="local", **extra)
+        want, _ = attn_ops.dot_product_attention(q, k, v, mask, **extra)
+        np.testing.assert_allclose(to_np(got), to_np(want), atol=1e-6)
+    assert attn_ops.kernel_for("local", AttentionMask.build(6, 6, 2, window=1), q, k) == "local"
     with pytest.raises(ValueError, match="window"):
-        attn_ops.dot_product_attention(x, x, x, implementation="local")
-    with pytest.raises(ValueError, match="bias"):
-        attn_ops.dot_product_attention(x, x, x, AttentionMask.build(6, 6, window=1),
-                                       implementation="local", bias=np.zeros((6, 6), "float32"))
+        attn_ops.dot_product_attention(q, k, v, implementation="local")
 
 
 @pytest.mark.parametrize("causal", [False, True])

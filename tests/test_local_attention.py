@@ -157,9 +157,9 @@ def test_dynamic_length_functional_model():
 
 @pytest.mark.parametrize(
     "init_kwargs,call_kwargs",
-    [({"num_heads": 2, "key_dim": 4, "window": 2, "num_global": 1, "dropout": 0.1,
+    [({"num_heads": 2, "key_dim": 4, "sliding_window": 3, "num_global": 1, "dropout": 0.1,
        "output_dim": 5}, {"use_causal_mask": True}),
-     ({"num_heads": 2, "key_dim": 4, "window": 3, "value_dim": 3}, {})],
+     ({"num_heads": 2, "key_dim": 4, "sliding_window": 4, "value_dim": 3}, {})],
     ids=["causal_global_dropout", "bidirectional"],
 )
 def test_layer_contract(init_kwargs, call_kwargs, tmp_path):
@@ -181,9 +181,13 @@ def test_bad_arguments(kwargs, name):
         ka.LocalMultiHead(**kwargs)
 
 
-def test_unaligned_keys_are_refused():
-    with pytest.raises(ValueError, match="as many keys as queries"):
-        local_dot_product_attention(rand(1, 1, 4, 2), rand(1, 1, 5, 2), rand(1, 1, 5, 2), 1)
+def test_unaligned_keys_run_the_dense_band():
+    """Keys that are not the queries' positions cannot be cut into the window's tiles: the
+    dense kernel applies the same band (`keras_attn.ops.kernel_for`)."""
+    q, k, v = rand(1, 1, 4, 2), rand(1, 1, 5, 2), rand(1, 1, 5, 2)
+    band = np_band(4, 5, 1, False, 0)
+    want, _ = attn_ops.dot_product_attention(q, k, v, mask=band)
+    assert_allclose(to_np(local_dot_product_attention(q, k, v, 1)), to_np(want), atol=1e-6)
 
 
 # ---- inside the Transformer ----------------------------------------------------------------

@@ -235,7 +235,7 @@ def test_token_and_position_embedding_adds_the_position_rows():
     (lambda: ka.MultiHead(4, 4, output_shape=(0, 2)), "output_shape"),
     (lambda: ka.MultiHead(4, 4, sliding_window=0), "sliding_window"),
     (lambda: ka.MultiHead(4, 4, use_gate="yes"), "use_gate"),
-    (lambda: ka.LocalMultiHead(4, 4, window=2, sliding_window=3), "sliding_window"),
+    (lambda: ka.LocalMultiHead(4, 4, window=2, sliding_window=4), "sliding_window"),
     (lambda: ka.RotaryEmbedding(scaling_factor=0.5), "scaling_factor"),
     (lambda: ka.RelativePositionBias(num_buckets=1), "num_buckets"),
     (lambda: ka.AlibiBias(max_bias=float("nan")), "max_bias"),
