@@ -4,15 +4,12 @@ import keras
 import numpy as np
 import pytest
 import reference as ref
-from backend_utils import layer_value_and_grads, to_np
+from backend_utils import layer_value_and_grads, rand, to_np
 
 import keras_attn as ka
 
 rng = np.random.default_rng(0)
 
-
-def rand(*shape, scale=1.0):
-    return (scale * rng.standard_normal(shape)).astype("float32")
 
 
 ATTENTION_LAYERS = {

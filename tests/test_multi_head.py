@@ -4,16 +4,13 @@ cache, the fused backward, dropout, and the argument checks."""
 import keras
 import numpy as np
 import pytest
-from backend_utils import layer_value_and_grads, to_np
+from backend_utils import layer_value_and_grads, rand, to_np
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
 
 rng = np.random.default_rng(0)
 
-
-def rand(*shape, scale=1.0):
-    return (scale * rng.standard_normal(shape)).astype("float32")
 
 
 def twins(cls=ka.MultiHead, implementations=("dense", "chunked"), **kwargs):

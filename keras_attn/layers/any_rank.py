@@ -59,13 +59,16 @@ class AnyRankInputs:
         if attention_mask is not None:
             attention_mask = axes.fold_attention_mask(
                 ops.convert_to_tensor(attention_mask), *shapes, self.num_heads)
-        fold_mask = (lambda m: None if m is None else axes.fold(ops.convert_to_tensor(m),
-                                                                 features=False))
+        folded_query_mask = None if query_mask is None else axes.fold(
+            ops.convert_to_tensor(query_mask), features=False)  # (B · others, T)
+        folded_key_mask = folded_query_mask if key_mask is query_mask else (
+            None if key_mask is None else axes.fold(ops.convert_to_tensor(key_mask),
+                                                    features=False))  # (B · others, S)
         results = self._call(
             axes.fold(query), None if self_attention else axes.fold(key),
             None if self_attention else axes.fold(value), None, attention_mask,
-            use_causal_mask, return_attention_scores, training, fold_mask(query_mask),
-            None if self_attention else fold_mask(key_mask), None, None, None, None,
+            use_causal_mask, return_attention_scores, training, folded_query_mask,
+            folded_key_mask, None, None, None, None,
         )
         outputs = results[0] if return_attention_scores else results
         outputs = axes.unfold(outputs, shapes[0], trailing=len(self.output_shape_ or (1,)))
