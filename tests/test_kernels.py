@@ -350,3 +350,78 @@ def test_the_backends_fused_attention_agrees_except_where_a_query_sees_no_key(ca
     np.testing.assert_allclose(ours[seen], theirs[seen], atol=1e-5)
     np.testing.assert_array_equal(ours[~seen], 0.0)
     assert np.abs(theirs[~seen]).max() > 1e-3
+
+
+# ---- the dispatch: grouped heads, linear attention, the one mask ------------------------------
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS) + ["local"])
+def test_the_dispatch_regroups_fewer_key_value_heads(kernel):
+    """Queries (B, H, T, d) against keys and values (B, H_kv, S, ·): the dispatch regroups
+    them itself, with a per-head dense mask and an (H, T, S) bias following the query heads;
+    values and gradients as the reference's grouped form."""
+    rng = np.random.default_rng(5)
+    batch, kv_heads, group, length, depth = 2, 2, 3, 7, 4
+    heads = kv_heads * group
+    q = rng.normal(size=(batch, heads, length, depth)).astype("float32")
+    k, v = (rng.normal(size=(batch, kv_heads, length, depth)).astype("float32")
+            for _ in range(2))
+    per_head = rng.random((batch, heads, length, length)) < 0.7
+    bias = rng.normal(size=(heads, length, length)).astype("float32")
+    local = kernel == "local"
+    build = ({"window": 2, "use_causal_mask": True} if local
+             else {"attention_mask": per_head, "valid_lens": np.array([7, 4])})
+    options = {"implementation": "local"} if local else dict(KERNELS[kernel], bias=bias)
+    d_out = rng.normal(size=q.shape)
+
+    def fn(q, k, v):
+        mask = AttentionMask.build(length, length, batch, **build)
+        return attn_ops.dot_product_attention(q, k, v, mask, **options)[0]
+
+    out, grads = value_and_grads(fn, [q, k, v], d_out)
+    if local:
+        allowed = ref.combined_mask(batch, length, length, causal=True, window=2)[:, None, None]
+        want_bias = None
+    else:
+        allowed = (per_head & ref.length_mask([7, 4], length, length)[:, None]).reshape(
+            batch, kv_heads, group, length, length)
+        want_bias = bias.reshape(kv_heads, group, length, length)
+    grouped = (q.reshape(batch, kv_heads, group, length, depth), k[:, :, None], v[:, :, None])
+    want_out, _ = ref.attention(*grouped, allowed, want_bias)
+    dq, dk, dv, _ = ref.attention_grads(*grouped, d_out.reshape(grouped[0].shape), allowed,
+                                        want_bias)
+    np.testing.assert_allclose(out, want_out.reshape(q.shape), atol=2e-5)
+    for got, want in zip(grads, (dq.reshape(q.shape), dk[:, :, 0], dv[:, :, 0])):
+        np.testing.assert_allclose(got, want, atol=5e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_is_an_implementation_of_the_dispatch(causal):
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.normal(size=(2, 2, 9, 4)).astype("float32") for _ in range(3))
+    key_valid = np.arange(9)[None] < np.array([[9], [5]])
+    mask = AttentionMask.build(9, 9, 2, use_causal_mask=causal, key_mask=key_valid)
+    out, weights = attn_ops.dot_product_attention(q, k, v, mask, implementation="linear",
+                                                  chunk_size=4, return_weights=True)
+    want = ref.linear_attention(q, k, v, key_valid, causal)
+    np.testing.assert_allclose(to_np(out), want, atol=1e-5)
+    np.testing.assert_allclose(to_np(weights) @ v, want, atol=1e-5)
+    for extra in ({"scale": 0.5}, {"bias": np.zeros((9, 9), "float32")},
+                  {"dropout_rate": 0.1, "training": True}):
+        with pytest.raises(ValueError, match=next(iter(extra))):
+            attn_ops.dot_product_attention(q, k, v, mask, implementation="linear", **extra)
+
+
+def test_the_loose_mask_arguments_still_work_with_a_deprecation_warning():
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.normal(size=(2, 5, 4)).astype("float32") for _ in range(3))
+    lens = np.array([5, 2])
+    with pytest.warns(DeprecationWarning, match="AttentionMask.build"):
+        old, _ = attn_ops.dot_product_attention(q, k, v, valid_lens=lens,
+                                                use_causal_mask=True, zero_masked_inputs=False)
+    new, _ = attn_ops.dot_product_attention(
+        q, k, v, AttentionMask.build(5, 5, 2, valid_lens=lens, use_causal_mask=True))
+    np.testing.assert_array_equal(to_np(old), to_np(new))
+    with pytest.raises(ValueError, match="unexpected arguments"):
+        attn_ops.dot_product_attention(q, k, v, window=2)
+    with pytest.raises(ValueError, match="AttentionMask"):
+        attn_ops.dot_product_attention(q, k, v, AttentionMask.build(5, 5), valid_lens=lens)

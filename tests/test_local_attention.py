@@ -69,7 +69,7 @@ def test_never_forms_a_quadratic_tensor():
 @pytest.mark.parametrize("causal", [False, True])
 def test_layer_equals_multi_head_with_band_mask(causal):
     x, lens = rand(2, 10, 6), np.array([10, 6], "int32")
-    local = ka.LocalMultiHead(num_heads=2, key_dim=3, window=2, num_global=1)
+    local = ka.LocalMultiHead(num_heads=2, key_dim=3, sliding_window=3, num_global=1)
     dense = ka.MultiHead(num_heads=2, key_dim=3)
     dense(x), local(x)
     local.set_weights(dense.get_weights())
@@ -90,13 +90,14 @@ def test_from_keras_with_a_window_equals_keras_with_a_band_mask():
     band = np.abs(np.arange(24)[:, None] - np.arange(24)[None, :]) <= 3
     want = reference(x, x, attention_mask=np.broadcast_to(band, (2, 24, 24)))
     want = keras.ops.convert_to_numpy(want)
-    layer = ka.LocalMultiHead.from_keras(reference, window=3)
+    layer = ka.LocalMultiHead.from_keras(reference, sliding_window=4)
     assert_allclose(keras.ops.convert_to_numpy(layer(x)), want, atol=1e-5)
 
 
 def test_per_query_valid_lens_fall_back_to_dense_band():
     x, lens = rand(2, 6, 6), np.array([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]], "int32")
-    local, dense = ka.LocalMultiHead(num_heads=2, key_dim=3, window=1), ka.MultiHead(2, 3)
+    local = ka.LocalMultiHead(num_heads=2, key_dim=3, sliding_window=2)
+    dense = ka.MultiHead(2, 3)
     dense(x), local(x)
     local.set_weights(dense.get_weights())
     expected = dense(x, valid_lens=lens, attention_mask=ref.local_band(6, 6, 1, False, 0)[None])
@@ -104,7 +105,7 @@ def test_per_query_valid_lens_fall_back_to_dense_band():
 
 
 def test_incremental_decoding_equals_full_sequence():
-    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, window=2)
+    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, sliding_window=3)
     x = rand(2, 7, 8)
     full = to_np(layer(x, use_causal_mask=True))
     cache = layer.init_cache(2, 7)
@@ -119,7 +120,7 @@ def test_incremental_decoding_equals_full_sequence():
 def test_implicit_mask_equals_valid_lens():
     ids = np.array([[5, 6, 7, 8, 0, 0], [4, 3, 0, 0, 0, 0]])
     embed = keras.layers.Embedding(10, 6, mask_zero=True)
-    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, window=1)
+    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, sliding_window=2)
     x = embed(ids)
     implicit = to_np(layer(x))
     explicit = to_np(layer(keras.ops.convert_to_tensor(to_np(x)), valid_lens=np.array([4, 2]),
@@ -129,7 +130,7 @@ def test_implicit_mask_equals_valid_lens():
 
 def test_dynamic_length_functional_model():
     inputs = keras.Input((None, 6))
-    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, window=3, num_global=1)
+    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, sliding_window=4, num_global=1)
     model = keras.Model(inputs, layer(inputs, use_causal_mask=True))
     for length in (2, 11):
         x = rand(1, length, 6)
@@ -154,10 +155,12 @@ def test_layer_contract(init_kwargs, call_kwargs, tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs,name",
-    [({"num_heads": 2, "key_dim": 4, "window": -1}, "window"),
-     ({"num_heads": 2, "key_dim": 4, "window": 1.5}, "window"),
-     ({"num_heads": 2, "key_dim": 4, "window": 2, "num_global": -1}, "num_global"),
-     ({"num_heads": 0, "key_dim": 4, "window": 2}, "num_heads")],
+    [({"num_heads": 2, "key_dim": 4, "sliding_window": 0}, "sliding_window"),
+     ({"num_heads": 2, "key_dim": 4, "sliding_window": 1.5}, "sliding_window"),
+     ({"num_heads": 2, "key_dim": 4}, "sliding_window"),
+     ({"num_heads": 2, "key_dim": 4, "window": -1}, "window"),
+     ({"num_heads": 2, "key_dim": 4, "sliding_window": 3, "num_global": -1}, "num_global"),
+     ({"num_heads": 0, "key_dim": 4, "sliding_window": 3}, "num_heads")],
 )
 def test_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):

@@ -78,7 +78,8 @@ def test_local_kernels_equal_dense_with_the_band(causal, masking):
     attention mask makes the local kernel fall back to dense)."""
     x = rand(2, 13, 6)
     call = call_for(masking, 2, 13, 13)
-    layers = twins(ka.LocalMultiHead, ("dense", "local", "chunked"), window=2, num_global=1)
+    layers = twins(ka.LocalMultiHead, ("dense", "local", "chunked"), sliding_window=3,
+                   num_global=1)
     build_alike(layers, x)
     d_out = rand(2, 13, 7)
     results = [layer_value_and_grads(layer, [x], d_out, use_causal_mask=causal, **call)
@@ -185,3 +186,24 @@ def test_chunked_refuses_to_return_weights():
     layer = ka.MultiHead(num_heads=2, key_dim=4, implementation="chunked")
     with pytest.raises(ValueError, match="return_attention_scores"):
         layer(rand(1, 3, 8), return_attention_scores=True)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "chunked"])
+def test_a_cache_implies_its_causal_offset(implementation):
+    """Without `use_causal_mask` (26.6) the cache still hides the slots after each query
+    (they are not written yet): step by step equals the causal full pass."""
+    x = rand(2, 5, 6)
+    layers = twins()
+    build_alike(layers, x)
+    layer = layers[implementation == "chunked"]
+    full = to_np(layers[0](x, use_causal_mask=True))
+    cache = layer.init_cache(2, 5)
+    steps = []
+    for i in range(5):
+        out, cache = layer(x[:, i:i + 1], cache=cache, cache_update_index=i)
+        steps.append(to_np(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+    chunk, _ = layer(x[:, 2:4], cache=layer.init_cache(2, 5), cache_update_index=2)
+    window, _ = layer(x[:, 2:4], cache=layer.init_cache(2, 5), cache_update_index=2,
+                      use_causal_mask=True)
+    np.testing.assert_allclose(to_np(chunk), to_np(window), atol=1e-6)

@@ -50,8 +50,8 @@ def from_keras(cls, layer, **kwargs):
         rank = len(layer._query_dense.equation.split(",")[0])
         attention_axes = layer._attention_axes
     options.setdefault("dtype", layer.dtype_policy)
-    mha = cls(
-        **heads,
+    options.update(
+        heads,
         output_shape=tuple(out_kernel.shape[2:]),
         dropout=layer.dropout,
         use_bias=layer.use_bias,
@@ -59,9 +59,8 @@ def from_keras(cls, layer, **kwargs):
         use_gate=use_gate,
         sliding_window=sliding_window,
         attention_axes=None if attention_axes is None else tuple(attention_axes),
-        **options,
-        **kwargs,
     )
+    mha = cls(**{**options, **kwargs})  # the caller's arguments (e.g. a window) win
     widths = [d.kernel.shape[0] for d in (layer._query_dense, layer._key_dense,
                                           layer._value_dense)]
     mha.build(*((None,) * (rank - 1) + (width,) for width in widths))

@@ -77,6 +77,7 @@ class AlibiBias(_ScoresBias):
         check_bool("symmetric", symmetric)
         self.max_bias = max_bias
         self.symmetric = symmetric
+        self.built = True  # no weights (see RotaryEmbedding)
 
     def position_bias(self, num_heads: int) -> attn_ops.AlibiBias:
         """The bias over `num_heads` heads, for the kernels."""

@@ -161,6 +161,9 @@ class RotaryEmbedding(keras.layers.Layer):
         self.max_wavelength = max_wavelength
         self.scaling_factor = scaling_factor
         self.supports_masking = True
+        # No weights: built from the start, so that `model.quantize` can walk past it when an
+        # attention layer owns it and never calls it as a layer.
+        self.built = True
 
     def inverse_frequencies(self, depth: int):
         """The float32 inverse frequencies `(depth / 2,)` of the rotation; the one place a
@@ -177,16 +180,6 @@ class RotaryEmbedding(keras.layers.Layer):
             x, start_index, sequence_axis=axis, positions=positions,
             feature_axis=self.feature_axis,
             inverse_frequencies=None if depth is None else self.inverse_frequencies(depth))
-
-    def build(self, input_shape):
-        rank = len(input_shape)
-        for name, axis in (("sequence_axis", self.sequence_axis),
-                           ("feature_axis", self.feature_axis)):
-            if not -rank <= axis < rank:
-                raise ValueError(
-                    f"Received an invalid value for argument `{name}`, expected an axis of the "
-                    f"rank-{rank} inputs, in [{-rank}, {rank - 1}]. Received: {name}={axis}"
-                )
 
     def call(self, inputs, start_index=0, positions=None):
         return self.rotate(inputs, start_index, positions=positions)
