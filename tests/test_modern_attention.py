@@ -6,8 +6,12 @@ import keras
 import numpy as np
 import pytest
 import reference as ref
-from backend_utils import layer_value_and_grads, rand, to_np
-from layer_test_utils import run_layer_test
+from backend_utils import rand, to_np
+from layer_test_utils import (
+    assert_same_values_and_gradients,
+    build_alike,
+    run_layer_test,
+)
 
 import keras_attn as ka
 
@@ -137,13 +141,9 @@ def test_chunked_equals_dense_with_position_biases_values_and_gradients(position
     if position_encoding == "relative":
         layers[0].position_encoding.table.assign(rand(32, 4))
     layers[1].set_weights(layers[0].get_weights())
-    d_out = rand(2, 11, 8)
-    call = {"use_causal_mask": True, "valid_lens": np.array([11, 7], "int32")}
-    (out_d, grads_d), (out_c, grads_c) = (layer_value_and_grads(layer, [x], d_out, **call)
-                                          for layer in layers)
-    np.testing.assert_allclose(out_c, out_d, atol=1e-5)
-    for got, want in zip(grads_c, grads_d):
-        np.testing.assert_allclose(got, want, atol=1e-4)
+    _, (_, grads_c) = assert_same_values_and_gradients(
+        layers, [x], rand(2, 11, 8), use_causal_mask=True,
+        valid_lens=np.array([11, 7], "int32"))
     if position_encoding == "relative":
         assert np.abs(grads_c[-1]).max() > 1e-4  # the table learns
 
@@ -299,16 +299,9 @@ def test_grouped_heads_on_the_local_kernel_equal_the_dense_band(causal):
     layers = [ka.MultiHead(num_heads=4, key_dim=4, num_key_value_heads=2, sliding_window=3,
                            implementation=impl) for impl in ("dense", "local")]
     x = rand(2, 11, 8)
-    for layer in layers:
-        layer(x)
-    layers[1].set_weights(layers[0].get_weights())
-    d_out = rand(2, 11, 8)
-    call = {"use_causal_mask": causal, "valid_lens": np.array([11, 6], "int32")}
-    (out_d, grads_d), (out_l, grads_l) = (layer_value_and_grads(layer, [x], d_out, **call)
-                                          for layer in layers)
-    np.testing.assert_allclose(out_l, out_d, atol=1e-5)
-    for got, want in zip(grads_l, grads_d):
-        np.testing.assert_allclose(got, want, atol=1e-4)
+    build_alike(layers, x)
+    assert_same_values_and_gradients(layers, [x], rand(2, 11, 8), use_causal_mask=causal,
+                                     valid_lens=np.array([11, 6], "int32"))
 
 
 @pytest.mark.parametrize("implementation", ["dense", "chunked"])

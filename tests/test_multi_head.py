@@ -5,7 +5,11 @@ import keras
 import numpy as np
 import pytest
 from backend_utils import layer_value_and_grads, rand, to_np
-from layer_test_utils import run_layer_test
+from layer_test_utils import (
+    assert_same_values_and_gradients,
+    build_alike,
+    run_layer_test,
+)
 
 import keras_attn as ka
 
@@ -21,13 +25,6 @@ def twins(cls=ka.MultiHead, implementations=("dense", "chunked"), **kwargs):
         layers.append(cls(num_heads=3, key_dim=4, value_dim=5, output_dim=7,
                           implementation=implementation, **extra, **kwargs))
     return layers
-
-
-def build_alike(layers, *inputs, **call):
-    for layer in layers:
-        layer(*inputs, **call)
-    for layer in layers[1:]:
-        layer.set_weights(layers[0].get_weights())
 
 
 MASKINGS = ["none", "valid_lens", "valid_lens_2d", "causal", "lens_and_causal",
@@ -60,12 +57,8 @@ def test_chunked_equals_dense_values_and_gradients_with_the_same_weights(masking
     call = call_for(masking, 2, 8, key.shape[1])
     layers = twins()
     build_alike(layers, *inputs)
-    d_out = rand(2, 8, 7)
-    (out_d, grads_d), (out_c, grads_c) = (
-        layer_value_and_grads(layer, inputs, d_out, **call) for layer in layers)
-    np.testing.assert_allclose(out_c, out_d, atol=1e-4)
-    for got, want in zip(grads_c, grads_d):
-        np.testing.assert_allclose(got, want, atol=1e-4)
+    _, (out_c, _) = assert_same_values_and_gradients(layers, inputs, rand(2, 8, 7), atol=1e-4,
+                                                     **call)
     if masking == "padding":  # padded queries: the output projection of a zero context
         np.testing.assert_allclose(out_c[1, 3:], np.broadcast_to(
             to_np(layers[1].output_dense.bias), (5, 7)), atol=1e-6)
@@ -81,13 +74,8 @@ def test_local_kernels_equal_dense_with_the_band(causal, masking):
     layers = twins(ka.LocalMultiHead, ("dense", "local", "chunked"), sliding_window=3,
                    num_global=1)
     build_alike(layers, x)
-    d_out = rand(2, 13, 7)
-    results = [layer_value_and_grads(layer, [x], d_out, use_causal_mask=causal, **call)
-               for layer in layers]
-    for out, grads in results[1:]:
-        np.testing.assert_allclose(out, results[0][0], atol=1e-4)
-        for got, want in zip(grads, results[0][1]):
-            np.testing.assert_allclose(got, want, atol=1e-4)
+    assert_same_values_and_gradients(layers, [x], rand(2, 13, 7), atol=1e-4,
+                                     use_causal_mask=causal, **call)
 
 
 @pytest.mark.parametrize("training", [False, True])

@@ -21,6 +21,7 @@ from keras_attn.layers.position_bias import (
 )
 from keras_attn.layers.position_encoding import RotaryEmbedding
 from keras_attn.layers.quantization import QuantizedSublayers
+from keras_attn.ops.attention import check_bias
 from keras_attn.ops.axes import check_axes_argument
 from keras_attn.tuning import xla_dense
 
@@ -306,14 +307,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         k, v = self._keys_and_values(key, value, cache, cache_update_index, offset)
         k_all, v_all, mask = self._append_extra_keys(k, v, mask)  # torch's options
         if attention_bias is not None:
-            attention_bias = attn_ops.attention.check_bias(attention_bias, q, k_all)
-        if return_attention_scores and attn_ops.kernel_for(
-                self.implementation, mask, q, k_all, attention_bias, True) == "chunked":
-            raise ValueError(
-                "Argument `return_attention_scores=True` needs the (B, H, T, S) weights, which "
-                f"implementation={self.implementation!r} never forms; use "
-                "implementation=\"dense\"."
-            )
+            attention_bias = check_bias(attention_bias, q, k_all)
         context, weights = attn_ops.attend(
             q, k_all, v_all, mask, dropout_rate=self.dropout if training else 0.0,
             seed=self.seed_generator, implementation=self.implementation,

@@ -163,7 +163,8 @@ def attend(
     kernel = kernel_for(implementation, mask, query, key, bias, return_weights)
     if kernel not in ("dense", "linear", "local") and return_weights:
         raise ValueError(
-            f"Argument `return_weights=True` needs the (T, S) weights, which "
+            "Returning the attention weights (the op's `return_weights=True`, a layer's "
+            "`return_attention_scores=True`) needs the (T, S) weights, which "
             f"implementation={implementation!r} never forms; use implementation=\"dense\"."
         )
     if kernel == "chunked" and dropout_rate > 0.0:
