@@ -334,7 +334,7 @@ def local_band(T, S, window, causal=False, num_global=0, offset=0):
         p = i + offset
         for j in range(S):
             near = abs(p - j) <= window
-            glob = p < num_global or j < num_global
+            glob = num_global > 0 and (p < num_global or j < num_global)
             mask[i, j] = (near or glob) and (not causal or j <= p)
     return mask
 
