@@ -10,7 +10,11 @@ from layer_test_utils import run_layer_test
 from keras_attn import decoding
 from keras_attn.layers import TransformerDecoderBlock, TransformerEncoderBlock
 from keras_attn.metrics import MaskedAccuracy, masked_sparse_categorical_crossentropy
-from keras_attn.models import TransformerDecoder, TransformerEncoder, transformer_seq2seq
+from keras_attn.models import (
+    TransformerDecoder,
+    TransformerEncoder,
+    transformer_seq2seq,
+)
 
 NORMS = [pytest.param(False, id="post_ln"), pytest.param(True, id="pre_ln")]
 

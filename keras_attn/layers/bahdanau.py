@@ -130,11 +130,7 @@ class BahdanauCell(keras.layers.Layer):
         """One step t'; returns `(s_{t'}, next states, α_{t'} (B, S))`."""
         *states, values, keys, source_mask = states
         # α(s_{t'-1}, h_t): AdditiveAttention's scoring, with W_k h_t computed beforehand.
-        query = ops.expand_dims(self.attention.query_dense(states[-1]), 1)  # (B, 1, units)
-        # w_v as a 2D matmul: a Dense on (B, S, units) inside the loop becomes a tensordot
-        # whose gradient XLA cannot compile when S is unknown at trace time.
-        energy = ops.reshape(ops.tanh(query + keys), (-1, self.units))  # (B * S, units)
-        scores = ops.reshape(self.attention.score_dense(energy), ops.shape(keys)[:2])  # (B, S)
+        scores = self.attention.scores(ops.expand_dims(states[-1], 1), keys)[:, 0]  # (B, S)
         mask = ops.cast(source_mask, "bool")  # keras.layers.RNN casts states to floats
         alpha = ops.cast(attn_ops.masked_softmax(scores, mask=mask), values.dtype)  # (B, S)
         context = ops.einsum("bs,bsu->bu", alpha, values)  # c_{t'} = Σ_t α_t h_t: (B, units)
