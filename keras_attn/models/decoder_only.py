@@ -192,6 +192,9 @@ class TransformerDecoderOnly(_Stack):
         """
         single = len(token_ids.shape) == 1
         token_ids = ops.cast(token_ids, "int32")
+        # A tensor, as the loops pass it: the attention then treats position 0 of the prompt
+        # like any other cache position (with the local kernel it falls back to dense).
+        index = ops.convert_to_tensor(index, "int32")
         if single:
             token_ids = ops.expand_dims(token_ids, -1)  # (B, 1)
         x = self.embedding(token_ids, start_index=index)  # (B, T, d)
