@@ -180,7 +180,8 @@ def test_unaligned_keys_run_the_dense_band():
 
 
 def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks():
-    """`attention_window=w` in a block equals the full block given the band mask |i-j| <= w."""
+    """`sliding_window=w + 1` in a block equals the full block given the band mask
+    |i-j| <= w; `attention_window=w` is its deprecated alias."""
     from keras_attn.layers import TransformerDecoderBlock, TransformerEncoderBlock
 
     rng = np.random.default_rng(3)
@@ -190,18 +191,20 @@ def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks(
     i, j = np.arange(9)[:, None], np.arange(9)[None]
     band = np.abs(i - j) <= 2
 
-    local = TransformerEncoderBlock(2, 16, attention_window=2)
+    with pytest.warns(DeprecationWarning, match="sliding_window=3"):
+        alias = TransformerEncoderBlock(2, 16, attention_window=2)
+    assert alias.get_config()["sliding_window"] == 3
+    local = TransformerEncoderBlock(2, 16, sliding_window=3)
     full = TransformerEncoderBlock(2, 16)
     local.build(x.shape), full.build(x.shape)
     full.set_weights(local.get_weights())
-    assert local.get_config()["attention_window"] == 2
     out = local(x, padding_mask=padding)
     ref = full(x, padding_mask=padding, attention_mask=np.broadcast_to(band, (2, 9, 9)))
     assert_allclose(as_np(out), as_np(ref), atol=1e-5)
 
     # Decoder: position t sees only t-2..t, so changing x[:, 0] leaves positions >= 3 as they
     # were (with full causal attention it would change every position).
-    local = TransformerDecoderBlock(2, 16, attention_window=2)
+    local = TransformerDecoderBlock(2, 16, sliding_window=3)
     full = TransformerDecoderBlock(2, 16)
     local.build(x.shape, memory.shape), full.build(x.shape, memory.shape)
     full.set_weights(local.get_weights())
@@ -220,7 +223,7 @@ def test_windowed_transformer_cached_decoding_equals_full_pass():
     from keras_attn.models import transformer_seq2seq
 
     model = transformer_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=32,
-                                dropout=0.0, attention_window=2)
+                                dropout=0.0, sliding_window=3)
     source = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
     tokens = as_np(decoding.greedy_search(model, source, 6, eos_id=None))
     prefix = np.concatenate([np.full((2, 1), 2, "int32"), tokens[:, :-1]], 1)

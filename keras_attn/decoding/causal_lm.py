@@ -1,14 +1,9 @@
 """Generation with decoder-only language models: greedy, beam, or sampled continuations of a
 batch of prompts, one compiled loop over the static cache.
 
-The contract (kept by `keras_attn.layers.TransformerDecoderOnly`, the layer named `"decoder"`
-of `keras_attn.models.causal_lm`):
-
-- `state = decoder.init_decode_state(batch_size, max_length)`: caches preallocated to
-  `max_length` positions, batch on axis 0;
-- `logits, state, attention = decoder.decode_step(token_ids, index, state)`: `token_ids` int32
-  `(B,)` at position `index`, or `(B, T)` at positions `index, ...` (the prompt at once), and
-  float32 logits `(B, V)` (or `(B, T, V)`) predicting the next position.
+The model's layer named `"decoder"` keeps the decoding contract of
+`keras_attn.decoding.contract.Decoder` (`keras_attn.models.TransformerDecoderOnly`, the decoder
+of `keras_attn.models.causal_lm`, does).
 
 Prompts are right-padded with 0 (each row at least one token, e.g. `<bos>`); a row's
 prompt tokens are kept as they are and its generated tokens follow them. Other layouts are
@@ -21,7 +16,7 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn._checks import check_int, check_number, check_one_of
-from keras_attn.decoding import checks, choices, compiled, loops
+from keras_attn.decoding import checks, choices, compiled, contract, loops
 from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID
 
 STRATEGIES = ("greedy", "sample", "beam")
@@ -43,14 +38,15 @@ def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed
         [prompt_ids, ops.zeros((batch, max_length - prompt_len), "int32")], axis=1)  # (B, L)
     state = decoder.init_decode_state(batch, max_length)
     # The prompt at once, but for each row's last prompt token, which the loop feeds.
-    _, state, _ = decoder.decode_step(prompt_ids, 0, state)
+    step = contract.step_function(decoder, return_attention)
+    _, state, _ = contract.step_function(decoder, False)(prompt_ids, 0, state)
     # Each row ends at its prompt length plus `max_new_tokens`, or at `max_length`; written
     # so that no sum can exceed int32 (`max_new_tokens` may be 2**31 - 1).
     limits = lengths + ops.minimum(max_new_tokens, max_length - lengths)  # (B,)
     banned = (PAD_ID, BOS_ID)
     if strategy == "beam":
         tokens, scores, attention = loops.beam_loop(
-            decoder.decode_step, state, tokens, lengths, eos_id, banned, beam_size, alpha,
+            step, state, tokens, lengths, eos_id, banned, beam_size, alpha,
             return_attention)
     else:
         def choose(logits, index):
@@ -62,7 +58,7 @@ def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed
                              choices.greedy(logits))
 
         tokens, scores, attention = loops.token_loop(
-            decoder.decode_step, state, tokens, lengths, eos_id, banned, choose,
+            step, state, tokens, lengths, eos_id, banned, choose,
             return_attention, alpha, return_scores, limits)
     outputs = (tokens,)
     if return_attention:

@@ -2,10 +2,11 @@
 step over a static-shape cache, the whole batch at once, stopping when every sequence is done.
 
 Both loops know no model. They drive a `step(token_ids, index, state)` function returning
-`(logits, state, attention)`: `token_ids` int32 `(N,)` is the token at position `index` (a
-scalar int32 tensor), `logits` float32 `(N, V)` predict position `index + 1`, `attention` is
-that step's attention `(N, ...)` (or an empty tensor). Sequences are `(B, L)` token buffers:
-each row's first `prompt_lengths[b]` tokens are given (forced), the rest is chosen. A token
+`(logits, state, attention)` (`keras_attn.decoding.contract.Decoder.decode_step`): `token_ids`
+int32 `(N,)` is the token at position `index` (a scalar int32 tensor), `logits` float32
+`(N, V)` predict position `index + 1`, `attention` is that step's attention `(N, ...)`, read
+only with `return_attention=True` (it may be None otherwise). Sequences are `(B, L)` token
+buffers: each row's first `prompt_lengths[b]` tokens are given (forced), the rest is chosen. A token
 chosen after a row emitted `eos_id` is padding; with `eos_id=None` no token ends a row. An
 `eos_id` the model cannot emit (outside its logits, or one of the tokens never emitted) is
 refused with a ValueError when the loop is built.
@@ -115,7 +116,8 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_em
                                                 ops.expand_dims(chosen, -1), axis=-1)[:, 0]
             log_prob = log_prob + ops.where(live, step_log_prob, 0.0)
             count = count + ops.cast(live, "int32")
-        attention = _zero_rows(ops.logical_not(live), ops.convert_to_tensor(attention))
+        if return_attention:
+            attention = _zero_rows(ops.logical_not(live), ops.convert_to_tensor(attention))
         finished = ops.logical_or(finished, ops.logical_and(live, _ends(token, eos_id)))
         return write(tokens, index + 1, token), finished, log_prob, count, state, attention
 
@@ -206,9 +208,10 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emi
             ops.logical_not(forced[..., 0]), _ends(token, eos_id)))
         rows = ops.reshape(offsets + parent, (-1,))  # (B · K,)
         state = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), state)
-        attention = ops.take(ops.convert_to_tensor(attention), rows, axis=0)
-        attention = _zero_rows(ops.reshape(ops.logical_or(parent_finished, forced[..., 0]),
-                                           (-1,)), attention)
+        if return_attention:
+            attention = ops.take(ops.convert_to_tensor(attention), rows, axis=0)
+            attention = _zero_rows(ops.reshape(ops.logical_or(parent_finished, forced[..., 0]),
+                                               (-1,)), attention)
         sequences = _gather_beams(sequences, parent)  # (B, K, L) by parent beam
         sequences = ops.reshape(write(ops.reshape(sequences, (batch * beam_size, length)),
                                       index + 1, ops.reshape(token, (-1,))),

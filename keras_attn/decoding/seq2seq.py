@@ -1,16 +1,9 @@
 """Greedy search, beam search and sampling for keras_attn sequence-to-sequence models.
 
-The searches rely on the decoding contract every `keras_attn.models` seq2seq builder keeps:
-
-- the model has a layer named `"encoder"`, called as `encoder_outputs = encoder(source_ids)`,
-  and a layer named `"decoder"` with two methods:
-- `state = decoder.init_decode_state(encoder_outputs, source_ids, max_length)`: a nested
-  structure of tensors, each with the batch on axis 0 and a static shape (caches preallocated
-  to `max_length`);
-- `logits, state, attention = decoder.decode_step(token_ids, index, state)`: `token_ids` int32
-  `(B,)` is the token at target position `index` (a scalar int32 tensor, 0 for `<bos>`);
-  `logits` float32 `(B, vocab)` predict the next token; `attention` `(B, ..., S)` is this step's
-  cross-attention.
+The searches decode a model with a layer named `"encoder"`, called as
+`encoder_outputs = encoder(source_ids)`, and a layer named `"decoder"` that keeps the decoding
+contract of `keras_attn.decoding.contract.Decoder` (every `keras_attn.models` seq2seq builder's
+does).
 
 Each search runs the whole batch in one loop (`keras_attn.decoding.loops`), compiled once per
 model and settings (`keras_attn.decoding.compiled`). Padding and `<bos>` are never emitted.
@@ -21,7 +14,7 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn._checks import check_int, check_number
-from keras_attn.decoding import checks, choices, compiled, loops
+from keras_attn.decoding import checks, choices, compiled, contract, loops
 from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -45,7 +38,7 @@ def _decode(model, source_ids, *params, strategy, max_length, bos_id, eos_id, be
     # Padding and <bos> are never outputs: an untrained model may rank them first, and
     # padding mid-sequence would read as the end of the output.
     banned = (PAD_ID, bos_id)
-    step = decoder.decode_step
+    step = contract.step_function(decoder, return_attention)
     if strategy == "beam":
         alpha = params[0]
         tokens, scores, attention = loops.beam_loop(

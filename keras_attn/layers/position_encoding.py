@@ -1,5 +1,5 @@
-"""Position encodings added to or applied on embeddings: sinusoidal (Vaswani et al.), learned
-(`TokenAndPositionEmbedding`), rotary (`RotaryEmbedding`)."""
+"""Position encodings added to or applied on embeddings: sinusoidal (Vaswani et al.) and rotary
+(`RotaryEmbedding`); learned positions: `keras_attn.layers.embedding`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import keras
 from keras import ops
 
 from keras_attn import ops as attn_ops
-from keras_attn._checks import as_int, check_bool, check_int, check_number, check_rate
+from keras_attn._checks import as_int, check_number, check_rate
 from keras_attn.layers.dropout import Dropout
 
 
@@ -193,85 +193,4 @@ class RotaryEmbedding(keras.layers.Layer):
                        "scaling_factor": self.scaling_factor,
                        "sequence_axis": self.sequence_axis,
                        "feature_axis": self.feature_axis})
-        return config
-
-
-@keras.saving.register_keras_serializable(package="keras_attn")
-class TokenAndPositionEmbedding(keras.layers.Layer):
-    """Token embedding plus a learned position embedding: `E[ids] + P[positions]`.
-
-    Args:
-        vocab_size: int, number of tokens.
-        sequence_length: int, number of positions with an embedding of their own (the longest
-            input, prompt and generated tokens included).
-        embedding_dim: int, `d`.
-        mask_zero: bool, token id 0 is padding: the output carries the Keras implicit mask
-            `ids != 0`. Defaults to `False`.
-        embeddings_initializer: initializer of both tables. Defaults to `"uniform"`.
-
-    Call arguments:
-        inputs: integer token ids `(B, T)`.
-        start_index: int or scalar tensor, the position of the first token (decoding).
-            Defaults to `0`.
-
-    Returns:
-        `(B, T, embedding_dim)`.
-
-    Example:
-    >>> TokenAndPositionEmbedding(100, 32, 16)(keras.ops.array([[5, 6, 7]])).shape  # (1, 3, 16)
-    """
-
-    def __init__(self, vocab_size: int, sequence_length: int, embedding_dim: int,
-                 mask_zero: bool = False, embeddings_initializer="uniform", **kwargs):
-        super().__init__(**kwargs)
-        for name, value in (("vocab_size", vocab_size), ("sequence_length", sequence_length),
-                            ("embedding_dim", embedding_dim)):
-            check_int(name, value, 1)
-        check_bool("mask_zero", mask_zero)
-        self.vocab_size = vocab_size
-        self.sequence_length = sequence_length
-        self.embedding_dim = embedding_dim
-        self.mask_zero = mask_zero
-        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
-        self.token_embedding = keras.layers.Embedding(
-            vocab_size, embedding_dim, embeddings_initializer=self.embeddings_initializer,
-            mask_zero=mask_zero, name="token_embedding", dtype=self.dtype_policy)
-        self.position_embedding = keras.layers.Embedding(
-            sequence_length, embedding_dim, embeddings_initializer=self.embeddings_initializer,
-            name="position_embedding", dtype=self.dtype_policy)
-        self.supports_masking = mask_zero
-
-    def build(self, inputs_shape):
-        self.token_embedding.build(inputs_shape)
-        self.position_embedding.build((None,))
-
-    def call(self, inputs, start_index=0):
-        length = ops.shape(inputs)[1]
-        static = length if isinstance(length, int) else None
-        start = start_index if isinstance(start_index, int) else None
-        if static is not None and start is not None and start + static > self.sequence_length:
-            raise ValueError(
-                f"Argument `inputs` has positions up to {start + static - 1}, past the "
-                f"{self.sequence_length} positions this layer embeds "
-                f"(sequence_length={self.sequence_length}). Received: inputs.shape="
-                f"{tuple(inputs.shape)}, start_index={start_index}"
-            )
-        positions = ops.arange(length, dtype="int32") + ops.cast(start_index, "int32")  # (T,)
-        return self.token_embedding(inputs) + self.position_embedding(positions)[None]
-
-    def compute_mask(self, inputs, mask=None):
-        return ops.not_equal(inputs, 0) if self.mask_zero else None
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape) + (self.embedding_dim,)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({
-            "vocab_size": self.vocab_size,
-            "sequence_length": self.sequence_length,
-            "embedding_dim": self.embedding_dim,
-            "mask_zero": self.mask_zero,
-            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
-        })
         return config
