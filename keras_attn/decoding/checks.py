@@ -206,8 +206,13 @@ def length(name: str, value, minimum: int) -> None:
 
 def end_token(eos_id, vocab_size, never_emitted) -> None:
     """Raise unless `eos_id` is None (no end token) or a token the search can emit: below
-    `vocab_size` (when known) and not one of `never_emitted`."""
+    `vocab_size` (when known) and not one of `never_emitted`; or a non-empty tuple of such
+    tokens."""
     if eos_id is None:
+        return
+    if isinstance(eos_id, tuple) and eos_id and not any(isinstance(e, tuple) for e in eos_id):
+        for end in eos_id:
+            end_token(end, vocab_size, never_emitted)
         return
     expected = "None (no end token) or a token id the model can emit"
     if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)) or eos_id < 0:
