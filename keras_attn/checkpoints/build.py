@@ -212,10 +212,13 @@ def set_weights(model: keras.Model, spec: ArchitectureSpec,
         raise ValueError(f"Argument `model` must be a model of `build_model` with a layer "
                          f"{stack_name!r}. Received: model={model.name!r}") from error
     targets = _stack_targets(stack, spec)
-    if spec.pooler:
+    if spec.pooler and spec.task == "encoder":
         pooler = model.get_layer("pooler")
         targets.update({"pooler/kernel": pooler.kernel, "pooler/bias": pooler.bias})
-    missing = sorted(set(weights) - set(targets))
+    # A masked LM's logits do not read the pooler (keras-hub's BertMaskedLM keeps one): it is
+    # not part of the model (build the spec with task="encoder" for the pooled output).
+    unused = {"pooler/kernel", "pooler/bias"} if spec.task == "masked_lm" else set()
+    missing = sorted(set(weights) - set(targets) - unused)
     if missing:
         raise ValueError(f"Argument `model` has no place for the weights {missing[:8]}.")
     for key, variable in targets.items():
@@ -256,7 +259,8 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
     Returns:
         `keras.Model`: causal LM -> float32 logits `(B, T, vocab_size)`; masked LM -> float32
         logits `(B, T, vocab_size)`; encoder -> `{"sequence_output": (B, T, D),
-        "pooled_output": (B, D)}` (the pooled output only when the checkpoint has a pooler).
+        "pooled_output": (B, D)}` (the pooled output only when the checkpoint has a pooler;
+        a masked LM's logits never read it, and its model has none).
 
     Raises:
         ValueError: an argument out of range, or a spec the assembly cannot express (naming

@@ -36,7 +36,7 @@ def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed
     batch, prompt_len = ops.shape(prompt_ids)[0], ops.shape(prompt_ids)[1]
     lengths = ops.sum(ops.cast(ops.not_equal(prompt_ids, pad_id), "int32"), axis=1)  # (B,)
     tokens = ops.concatenate(
-        [prompt_ids, ops.zeros((batch, max_length - prompt_len), "int32")], axis=1)  # (B, L)
+        [prompt_ids, ops.full((batch, max_length - prompt_len), pad_id, "int32")], axis=1)  # (B, L)
     state = decoder.init_decode_state(batch, max_length)
     # The prompt at once, but for each row's last prompt token, which the loop feeds.
     step = contract.step_function(decoder, return_attention)
