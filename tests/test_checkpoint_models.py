@@ -87,6 +87,17 @@ def test_padded_prompts_and_end_ids():
         model, prompts[1:, :3], max_length=14, eos_id=None, pad_id=ids["pad_id"],
         suppressed_ids=()))
     np.testing.assert_array_equal(together[1, :14], alone[0])
+    # A prompt ending in the padding id itself: its length says where it ends.
+    ending = np.array([[1, 0, ids["pad_id"], 7]], "int32")
+    by_length = keras.ops.convert_to_numpy(decoding.generate(
+        model, ending, max_length=12, eos_id=None, pad_id=ids["pad_id"], suppressed_ids=(),
+        prompt_lengths=np.array([3], "int32")))
+    other_pad = keras.ops.convert_to_numpy(decoding.generate(
+        model, ending[:, :3], max_length=12, eos_id=None, pad_id=5, suppressed_ids=()))
+    np.testing.assert_array_equal(by_length[:, 3:], other_pad[:, 3:])
+    with pytest.raises(ValueError, match="prompt_lengths"):
+        decoding.generate(model, ending, max_length=12, pad_id=ids["pad_id"],
+                          prompt_lengths=np.array([5], "int32"))
     # An end id the model chose, declared as one of two: the row stops right after it.
     first_new = int(together[0, 5])
     other = (first_new + 1) % spec.vocab_size

@@ -27,16 +27,17 @@ def _decoder(model):
         model, "decoder", "a keras_attn causal language model with a layer named 'decoder'")
 
 
-def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, alpha, *,
-              strategy, max_length, eos_id, beam_size, return_attention, return_scores,
+def _generate(model, prompt_ids, lengths, max_new_tokens, temperature, top_k, top_p, seed,
+              alpha, *, strategy, max_length, eos_id, beam_size, return_attention, return_scores,
               pad_id=PAD_ID, suppressed_ids=(PAD_ID, BOS_ID)):
     """The whole generation for one batch of prompts."""
     decoder = _decoder(model)
     prompt_ids = ops.cast(prompt_ids, "int32")
     batch, prompt_len = ops.shape(prompt_ids)[0], ops.shape(prompt_ids)[1]
-    lengths = ops.sum(ops.cast(ops.not_equal(prompt_ids, pad_id), "int32"), axis=1)  # (B,)
+    lengths = ops.cast(lengths, "int32")  # (B,)
     tokens = ops.concatenate(
-        [prompt_ids, ops.full((batch, max_length - prompt_len), pad_id, "int32")], axis=1)  # (B, L)
+        [prompt_ids, ops.full((batch, max_length - prompt_len), pad_id, "int32")],
+        axis=1)  # (B, L)
     state = decoder.init_decode_state(batch, max_length)
     # The prompt at once, but for each row's last prompt token, which the loop feeds.
     step = contract.step_function(decoder, return_attention)
@@ -101,6 +102,7 @@ def generate(
     jit_compile: bool = False,
     pad_id: int = PAD_ID,
     suppressed_ids=None,
+    prompt_lengths=None,
 ):
     """Continue a batch of prompts with a causal language model.
 
@@ -141,6 +143,10 @@ def generate(
         suppressed_ids: optional tuple of ids never generated. Defaults to `None`:
             keras_attn's reserved padding and `<bos>` (`(pad_id, BOS_ID)`); a pretrained
             checkpoint's ids are all generated (`()`).
+        prompt_lengths: optional integer `(B,)`, each row's prompt length (in `[1, P]`):
+            the ids after it are ignored, whatever they are (no id then counts as padding,
+            e.g. when the end id that pads a checkpoint's prompts may also end a prompt).
+            Defaults to `None` (the tokens before the trailing `pad_id`s).
 
     Returns:
         int32 `(B, max_length)`: each prompt, then its continuation up to `<eos>` (included),
@@ -169,8 +175,12 @@ def generate(
     checks.end_token(eos_id, vocab_size, suppressed_ids)
     eos_id = (None if eos_id is None else tuple(int(e) for e in eos_id)
               if isinstance(eos_id, tuple) else int(eos_id))
-    prompt_ids = checks.token_ids("prompt_ids", prompt_ids, vocab_size, right_padded=True,
-                                  pad_id=pad_id)
+    prompt_ids = checks.token_ids("prompt_ids", prompt_ids, vocab_size,
+                                  right_padded=prompt_lengths is None, pad_id=pad_id)
+    if prompt_lengths is None:  # the tokens before the trailing padding
+        prompt_lengths = ops.sum(ops.cast(ops.not_equal(prompt_ids, pad_id), "int32"), axis=1)
+    else:
+        prompt_lengths = checks.prompt_lengths(prompt_lengths, prompt_ids)
     prompt_len = prompt_ids.shape[1]
     if prompt_len is not None and not 0 < prompt_len < max_length:
         raise ValueError(
@@ -189,7 +199,7 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     params = tuple(settings.values()) + (ops.convert_to_tensor(float(length_penalty)),)
     outputs = compiled.run(
-        _generate, model, (prompt_ids,) + params,
+        _generate, model, (prompt_ids, prompt_lengths) + params,
         {"strategy": strategy, "max_length": max_length, "eos_id": eos_id,
          "beam_size": beam_size, "return_attention": bool(return_attention),
          "return_scores": bool(return_scores), "pad_id": pad_id,

@@ -182,6 +182,31 @@ def token_ids(name: str, ids, vocab_size: int | None = None, right_padded: bool 
     return ops.cast(ids, "int32")
 
 
+def prompt_lengths(lengths, ids):
+    """Each row's prompt length, int32 `(B,)`, checked in `[1, P]` for ids `(B, P)` (a
+    ValueError for known values, else a failed call with the same message)."""
+    if not hasattr(lengths, "shape"):
+        lengths = np.asarray(lengths)
+    if len(lengths.shape) != 1 or _kind(lengths) != "int":
+        raise ValueError(_message("prompt_lengths", "integer lengths of shape (batch_size,)")
+                         + f"prompt_lengths.shape={tuple(lengths.shape)}, "
+                         f"dtype={_kind(lengths)}")
+    message = _message("prompt_lengths", "one length per prompt row, each in [1, the prompt "
+                                         "length]")
+    known, width = concrete_value(lengths), ids.shape[1]
+    if known is not None and width is not None and concrete_value(ids) is not None:
+        if known.shape[0] != ids.shape[0] or np.any(known < 1) or np.any(known > width):
+            raise ValueError(message + f"prompt_lengths={known.tolist()} for prompt_ids of "
+                                       f"shape {tuple(ids.shape)}")
+        return ops.convert_to_tensor(known, "int32")
+    lengths = ops.cast(lengths, "int32")
+    ok = ops.logical_and(ops.all(lengths >= 1),
+                         ops.all(lengths <= ops.cast(ops.shape(ids)[1], "int32")))
+    ok = ops.logical_and(ok, ops.equal(ops.shape(lengths)[0], ops.shape(ids)[0]))
+    (lengths,) = _in_graph(ok, message + "prompt_lengths: ", (lengths,), (lengths,))
+    return lengths
+
+
 def _first_unpadded_row(present: np.ndarray):
     """The first row of the boolean `(B, T)` `present` that is not tokens-then-padding."""
     wrong = ~present[:, 0] | np.any(present[:, 1:] & ~present[:, :-1], axis=1)
