@@ -7,6 +7,7 @@ import checkpoint_fixtures as fx
 import keras
 import numpy as np
 import pytest
+from layer_test_utils import run_layer_test
 
 from keras_attn import decoding
 from keras_attn.checkpoints import (
@@ -142,15 +143,22 @@ def test_bfloat16_checkpoint_loads_as_bfloat16_or_float32():
     assert 1e-4 < error < 0.05 * scale  # bfloat16 arithmetic: close, not equal
 
 
-def test_saved_model_round_trip(tmp_path):
-    spec, weights = load_hf_checkpoint(fx.hf_checkpoint("llama3"), dtype="float32")
+@pytest.mark.parametrize("name", ["llama3", "bert_mlm"])
+def test_keras_file_round_trip(name, tmp_path):
+    spec, weights = load_hf_checkpoint(fx.hf_checkpoint(name), dtype="float32")
     model = build_model(spec, weights)
-    path = str(tmp_path / "llama3.keras")
+    path = str(tmp_path / f"{name}.keras")
     model.save(path)
     loaded = keras.saving.load_model(path, safe_mode=True)
-    expected = fx.expected("llama3")
-    inputs = model_inputs(spec, expected["ids"], expected["mask"])
+    expected = fx.expected(name)
+    inputs = model_inputs(spec, expected["ids"], expected["mask"], expected["token_type_ids"])
     np.testing.assert_array_equal(outputs_of(loaded, inputs), outputs_of(model, inputs))
+
+
+def test_frequency_rotary_embedding_keeps_the_layer_contract(tmp_path):
+    x = np.random.default_rng(1).normal(size=(2, 5, 8)).astype("float32")
+    run_layer_test(FrequencyRotaryEmbedding, {"inverse_frequencies": [1.0, 0.3, 0.1, 0.01]},
+                   {"inputs": x}, (2, 5, 8), tmp_path)
 
 
 def test_frequency_rotary_embedding():

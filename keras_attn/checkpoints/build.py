@@ -274,7 +274,7 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
     if not isinstance(spec, ArchitectureSpec):
         raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
             f"Argument `spec` must be an ArchitectureSpec. Received: "
-                         f"spec={type(spec).__name__}")
+            f"spec={type(spec).__name__}")
     dtype = spec.dtype if dtype is None else dtype
     check_one_of("dtype", dtype, DTYPES)
     check_one_of("implementation", implementation, IMPLEMENTATIONS)
