@@ -126,9 +126,15 @@ def export_generator(model, vocabulary: list[str], path: str, max_length: int,
             f"Received: vocabulary[:4]={vocabulary[:4]}"
         )
     generate = make_generate_fn(model, vocabulary, max_length, split, lowercase, standardize)
+    return _write(model, generate, generate.table, path)
+
+
+def _write(model, generate, resource, path: str) -> str:
+    """The SavedModel at `path`: `model`, the tokenizer's `resource`, and the `generate`
+    signature (module docstring) of the graph function `generate`."""
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.track(generate.table)
+    archive.track(resource)
     archive.add_endpoint(
         name="generate",
         fn=generate,
@@ -200,7 +206,6 @@ def make_checkpoint_generate_fn(model, tokenizer, spec, max_length: int):
         text = tokenizer.decode(tf.ragged.boolean_mask(tokens, new & ~ended))
         return {"text": text, "truncated": truncated, "context": context}
 
-    generate.tokenizer = tokenizer  # resources the SavedModel must track
     return generate
 
 
@@ -238,20 +243,4 @@ def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: i
         raise ValueError(f"Argument `spec` must describe a causal language model. Received: "
                          f"spec.task={spec.task!r}")
     generate = make_checkpoint_generate_fn(model, tokenizer, spec, max_length)
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.track(tokenizer)
-    archive.add_endpoint(
-        name="generate",
-        fn=generate,
-        input_signature=[
-            tf.TensorSpec([None], tf.string, name="prompt"),
-            tf.TensorSpec([], tf.int32, name="max_new_tokens"),
-            tf.TensorSpec([], tf.float32, name="temperature"),
-            tf.TensorSpec([], tf.int32, name="top_k"),
-            tf.TensorSpec([], tf.float32, name="top_p"),
-            tf.TensorSpec([], tf.int32, name="seed"),
-        ],
-    )
-    archive.write_out(path, verbose=False)
-    return path
+    return _write(model, generate, tokenizer, path)
