@@ -185,6 +185,8 @@ def test_what_the_assembly_cannot_express_is_refused():
         build_model(spec.replace(final_norm=False))
     with pytest.raises(ValueError, match="embedding_dropout"):
         build_model(spec.replace(embedding_dropout=0.1))
+    with pytest.raises(ValueError, match="attention_dropout"):
+        build_model(spec.replace(attention_dropout=0.1))
     with pytest.raises(ValueError, match="dtype"):
         build_model(spec, weights, dtype="int8")
     with pytest.raises(ValueError, match="implementation"):

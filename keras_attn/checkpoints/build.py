@@ -95,6 +95,12 @@ def _activation(name: str):
 
 def _check_supported(spec: ArchitectureSpec) -> None:
     """What the assembly cannot express, refused with the spec field that asks for it."""
+    if spec.attention_dropout != spec.dropout:
+        raise ValueError(
+            f"Cannot build the {spec.source} spec: keras_attn's blocks have one dropout rate "
+            "for attention weights and residual branches. Received: "
+            f"attention_dropout={spec.attention_dropout}, dropout={spec.dropout} (e.g. "
+            "`spec.replace(attention_dropout=spec.dropout)` to train with one rate)")
     if spec.architecture == "bert":
         if spec.causal or spec.norm_first or spec.position != "learned" or spec.gated_ffn:
             raise ValueError(
@@ -244,6 +250,10 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
     - `padding_mask`: bool `(B, T)`, True at real tokens (no id is padding: Llama's id 0 is
       a token). Positions count from 0 in every row: pad on the right.
     - BERT only, `segment_ids`: int32 `(B, T)` token types.
+
+    Dropout (`spec.dropout`, training only) acts where keras_attn's blocks put it: on the
+    attention weights, the residual branches and also the FFN's hidden activations (Hugging
+    Face's blocks have none there); inference is unaffected.
 
     Args:
         spec: `ArchitectureSpec` (`load_hf_checkpoint`, `spec_from_keras_hub`).
