@@ -96,6 +96,11 @@ def test_padded_prompts_and_end_ids():
     other_pad = keras.ops.convert_to_numpy(decoding.generate(
         model, ending[:, :3], max_length=12, eos_id=None, pad_id=5, suppressed_ids=()))
     np.testing.assert_array_equal(by_length[:, 3:], other_pad[:, 3:])
+    sampled = [keras.ops.convert_to_numpy(decoding.generate(
+        model, prompts, max_length=16, strategy="sample", temperature=1.5, top_p=0.95, seed=3,
+        **ids)) for _ in range(2)]
+    np.testing.assert_array_equal(sampled[0], sampled[1])  # seeded
+    assert (sampled[0][:, 5:] != together[:, 5:]).any()  # not the greedy continuation
     with pytest.raises(ValueError, match="prompt_lengths"):
         decoding.generate(model, ending, max_length=12, pad_id=ids["pad_id"],
                           prompt_lengths=np.array([5], "int32"))

@@ -5,10 +5,11 @@ The model's layer named `"decoder"` keeps the decoding contract of
 `keras_attn.decoding.contract.Decoder` (`keras_attn.models.TransformerDecoderOnly`, the decoder
 of `keras_attn.models.causal_lm`, does).
 
-Prompts are right-padded with 0 (each row at least one token, e.g. `<bos>`); a row's
-prompt tokens are kept as they are and its generated tokens follow them. Other layouts are
-refused, not guessed at: left padding would need a padding mask over the cache, which the
-contract does not carry.
+Prompts are right-padded with `pad_id` (0, keras_attn's padding; a pretrained checkpoint's
+own, `keras_attn.checkpoints.generation_ids`), or their lengths are given (`prompt_lengths`);
+each row has at least one token, e.g. `<bos>`. A row's prompt tokens are kept as they are and
+its generated tokens follow them. Other layouts are refused, not guessed at: left padding
+would need a padding mask over the cache, which the contract does not carry.
 """
 
 from __future__ import annotations
