@@ -253,3 +253,13 @@ def test_keras_hub_models_match_keras_hub(name):
                                suppressed_ids=())
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(tokens),
                                   np.asarray(generated["token_ids"]))
+
+
+@pytest.mark.parametrize("implementation", ["chunked", "local"])
+def test_the_kernel_choice_keeps_the_outputs(implementation):
+    spec, weights = load_hf_checkpoint(fx.hf_checkpoint("mistral"), dtype="float32")
+    model = build_model(spec, weights, implementation=implementation)
+    expected = fx.expected("mistral")
+    mask = expected["mask"]
+    logits = outputs_of(model, model_inputs(spec, expected["ids"], mask))
+    assert np.abs(logits[mask] - expected["logits"][mask]).max() < 1e-4
