@@ -275,10 +275,6 @@ def test_numpy_int64_arguments_equal_python_ints(model):
             to_np(decoding.generate(model, PROMPTS, 10, **kwargs)))
 
 
-@pytest.mark.xfail(reason="decode_step passes `index` on to the position layers and MultiHead, "
-                          "whose int32 casts are the core helper's (MultiHead, RotaryEmbedding) "
-                          "and the models helper's (decode_step, TokenAndPositionEmbedding) "
-                          "part of issue 26.18", strict=False)
 @pytest.mark.parametrize("int64", [np.int64, lambda i: keras.ops.convert_to_tensor(i, "int64")],
                          ids=["numpy", "tensor"])
 def test_decode_step_takes_int64_positions(model, int64):
