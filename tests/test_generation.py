@@ -287,3 +287,12 @@ def test_decode_step_takes_int64_positions(model, int64):
         return to_np(logits)
 
     np.testing.assert_array_equal(last_logits(int64), last_logits(int))
+
+
+def test_a_sequence_to_sequence_model_is_refused_by_name():
+    """`generate(transformer_seq2seq(...))` failed inside an autograph trace with a TypeError
+    about `init_decode_state`'s arguments."""
+    seq2seq = ka.models.transformer_seq2seq(12, 12, num_layers=1, embed_dim=8, num_heads=2,
+                                            ffn_dim=8)
+    with pytest.raises(ValueError, match="`model`.*greedy_search"):
+        decoding.generate(seq2seq, np.array([[2, 5, 6]], "int32"), 6)
