@@ -4,8 +4,26 @@ other module can use it."""
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 import keras
 import numpy as np
+
+_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+                      for module in (sys.modules[__name__.rsplit(".", 1)[0]], keras))
+
+
+def warn_deprecated(message: str) -> None:
+    """A DeprecationWarning attributed to the first caller outside keras_attn and Keras, so
+    that Python's default filters show it to the user whose code asked for it (a warning
+    attributed to library code is hidden)."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+            _LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
 def _fail(name: str, expected: str, value) -> None:

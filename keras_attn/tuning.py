@@ -117,15 +117,21 @@ def fori_loop(upper, body, init):
     return ops.fori_loop(0, upper, body, init)
 
 
-def auto_chunk_size(query_len) -> int:
+def auto_chunk_size(query_len, key_len=None) -> int:
     """The key-block size that `chunk_size=None` means for `query_len` rows per block: the
     largest power of two, at least `min_chunk_size`, keeping a block at `block_budget` scores
-    (512 when `query_len` is unknown)."""
+    (512 when `query_len` is unknown). When `key_len` is given and is not an int (unknown
+    inside a graph) a block holds at most `max(min_chunk_size, 1024)` keys: the keys are then
+    padded to whole blocks, and a block sized for one query row (2**25 keys) would pad a few
+    keys to millions of rows."""
     if not isinstance(query_len, int) or query_len <= 0:
-        return 512
-    size = SWITCHES.min_chunk_size
-    while size * 2 * query_len <= SWITCHES.block_budget:
-        size *= 2
+        size = 512
+    else:
+        size = SWITCHES.min_chunk_size
+        while size * 2 * query_len <= SWITCHES.block_budget:
+            size *= 2
+    if key_len is not None and not isinstance(key_len, int):
+        size = min(size, max(SWITCHES.min_chunk_size, 1024))
     return size
 
 

@@ -145,3 +145,14 @@ def call_traced(fn, *inputs):
 
         return jax.jit(fn)(*inputs)
     return fn(*inputs)
+
+
+def randomize(model, seed: int = 0, scale: float = 0.3) -> None:
+    """Larger random weights than the initializers give (norm scales around 1), so a small
+    model's outputs vary with every input."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        value = scale * rng.standard_normal(variable.shape)
+        if "gamma" in variable.path or "scale" in variable.path:
+            value += 1.0
+        variable.assign(value.astype(variable.dtype))

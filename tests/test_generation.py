@@ -275,10 +275,6 @@ def test_numpy_int64_arguments_equal_python_ints(model):
             to_np(decoding.generate(model, PROMPTS, 10, **kwargs)))
 
 
-@pytest.mark.xfail(reason="decode_step passes `index` on to the position layers and MultiHead, "
-                          "whose int32 casts are the core helper's (MultiHead, RotaryEmbedding) "
-                          "and the models helper's (decode_step, TokenAndPositionEmbedding) "
-                          "part of issue 26.18", strict=False)
 @pytest.mark.parametrize("int64", [np.int64, lambda i: keras.ops.convert_to_tensor(i, "int64")],
                          ids=["numpy", "tensor"])
 def test_decode_step_takes_int64_positions(model, int64):
@@ -291,3 +287,12 @@ def test_decode_step_takes_int64_positions(model, int64):
         return to_np(logits)
 
     np.testing.assert_array_equal(last_logits(int64), last_logits(int))
+
+
+def test_a_sequence_to_sequence_model_is_refused_by_name():
+    """`generate(transformer_seq2seq(...))` failed inside an autograph trace with a TypeError
+    about `init_decode_state`'s arguments."""
+    seq2seq = ka.models.transformer_seq2seq(12, 12, num_layers=1, embed_dim=8, num_heads=2,
+                                            ffn_dim=8)
+    with pytest.raises(ValueError, match="`model`.*greedy_search"):
+        decoding.generate(seq2seq, np.array([[2, 5, 6]], "int32"), 6)

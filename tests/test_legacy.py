@@ -42,3 +42,17 @@ def test_the_deprecated_window_spelling_means_one_more_sliding_window():
     new.set_weights(old.get_weights())
     np.testing.assert_array_equal(to_np(old(x)), to_np(new(x)))
     assert old.get_config()["sliding_window"] == 3 and "window" not in old.get_config()
+
+
+def test_deprecations_name_the_line_of_the_user_who_asked():
+    """Warnings attributed to keras_attn's own files are hidden by Python's default filters:
+    `causal_lm(attention_window=)` warned from inside the stack, so its users never saw it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ka.models.causal_lm(20, num_layers=1, embed_dim=8, num_heads=2, ffn_dim=8,
+                            attention_window=2)
+        ka.layers.LocalMultiHead(2, 4, window=2)
+        ka.layers.TransformerEncoder  # noqa: B018 (the moved name, deprecated)
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert len(deprecations) >= 3
+    assert {w.filename for w in deprecations} == {__file__}

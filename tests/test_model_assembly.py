@@ -8,7 +8,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from backend_utils import as_np, assert_allclose, assert_array_equal, to_np
+from backend_utils import as_np, assert_allclose, assert_array_equal, randomize, to_np
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
@@ -38,15 +38,6 @@ SOURCE = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
 TARGET = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
 LM_IDS = np.array([[2, 5, 6, 7, 8, 9, 10], [2, 9, 11, 12, 0, 0, 0]], "int32")
 SIZES = {"num_layers": 2, "embed_dim": 16, "num_heads": 4, "ffn_dim": 24}
-
-
-def randomize(model, seed=0, scale=0.3):
-    rng = np.random.default_rng(seed)
-    for variable in model.weights:
-        value = scale * rng.standard_normal(variable.shape)
-        if "gamma" in variable.path or "scale" in variable.path:
-            value += 1.0
-        variable.assign(value.astype(variable.dtype))
 
 
 # ---- attention weights only when asked ------------------------------------------------------

@@ -6,7 +6,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from backend_utils import as_np, assert_allclose, to_np
+from backend_utils import as_np, assert_allclose, randomize, to_np
 
 from keras_attn.layers import TokenAndPositionEmbedding
 from keras_attn.models import causal_lm, nat_seq2seq, transformer_seq2seq
@@ -15,15 +15,6 @@ IDS = np.random.default_rng(0).integers(4, 40, (2, 9)).astype("int32")
 SOURCE = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
 TARGET = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
 SIZES = {"num_layers": 2, "embed_dim": 32, "num_heads": 4, "ffn_dim": 48}
-
-
-def randomize(model, seed=0, scale=0.3):
-    rng = np.random.default_rng(seed)
-    for variable in model.weights:
-        value = scale * rng.standard_normal(variable.shape)
-        if "gamma" in variable.path or "scale" in variable.path:
-            value += 1.0
-        variable.assign(value.astype(variable.dtype))
 
 
 def quantize(model):

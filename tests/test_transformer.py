@@ -376,7 +376,7 @@ def test_model_structure_and_names():
 
 def test_save_load_identical_logits_and_greedy(tmp_path):
     model = small_model(norm_first=True)
-    randomize(model, seed=1)  # weights whose greedy output is not constant
+    randomize(model, seed=3)  # weights whose greedy output is not constant
     src = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 11, 12]], "int32")
     tgt = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
     path = str(tmp_path / "transformer.keras")

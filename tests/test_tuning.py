@@ -64,6 +64,22 @@ def test_auto_chunk_size_keeps_blocks_within_the_budget():
     assert tuning.auto_chunk_size(None) == 512
     with tuning.configure(block_budget=2**20):
         assert tuning.auto_chunk_size(1024) == 1024
+    assert tuning.auto_chunk_size(1, key_len=None) == 2**25  # no key length: the budget alone
+    assert tuning.auto_chunk_size(1, key_len=tf.constant(10)) == 1024
+
+
+def test_chunked_decoding_step_with_keys_of_unknown_length_stays_small():
+    """One query against keys whose length a graph does not know: `chunk_size=None` padded the
+    ten keys to a block of 2**25 rows (gigabytes; seq2seq and NAT decoding ran out of memory)."""
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((1, 4, 1, 8)), rng.standard_normal((1, 4, 10, 8))
+    attend = tf.function(
+        lambda q, k: attn_ops.attend(q, k, k, implementation="chunked")[0],
+        input_signature=[tf.TensorSpec((1, 4, 1, 8)), tf.TensorSpec((1, 4, None, 8))])
+    got = attend(q.astype("float32"), k.astype("float32"))
+    weights = np.exp(q @ k.transpose(0, 1, 3, 2) / np.sqrt(8))
+    expected = (weights / weights.sum(-1, keepdims=True)) @ k
+    np.testing.assert_allclose(to_np(got), expected, atol=1e-5)
 
 
 def test_exact_products_only_for_float32_without_tf32_on_a_gpu(monkeypatch):

@@ -24,8 +24,13 @@ STRATEGIES = ("greedy", "sample", "beam")
 
 
 def _decoder(model):
-    return compiled.contract_layer(
-        model, "decoder", "a keras_attn causal language model with a layer named 'decoder'")
+    kind = "a keras_attn causal language model with a layer named 'decoder'"
+    if compiled.has_layer(model, "encoder"):
+        raise ValueError(
+            f"Argument `model` must be {kind}; this one has an 'encoder' (a sequence-to-"
+            "sequence model: decode it with keras_attn.decoding.greedy_search, beam_search or "
+            f"sample). Received: model={model!r}")
+    return compiled.contract_layer(model, "decoder", kind)
 
 
 def _generate(model, prompt_ids, lengths, max_new_tokens, temperature, top_k, top_p, seed,

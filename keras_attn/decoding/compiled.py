@@ -61,6 +61,15 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
     return compiled[key](*arrays)
 
 
+def has_layer(model, name: str) -> bool:
+    """Whether `model` (any object) has a layer called `name`."""
+    try:
+        model.get_layer(name)
+    except (AttributeError, ValueError):
+        return False
+    return True
+
+
 def contract_layer(model, name: str, kind: str, methods=("init_decode_state", "decode_step")):
     """The layer `name` of `model`, or a ValueError that says what `model` must be (`kind`).
 

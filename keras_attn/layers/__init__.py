@@ -5,8 +5,8 @@ The model stacks (`TransformerEncoder`, `TransformerDecoder`, `TransformerDecode
 `keras_attn.models`; importing them from here still works, with a DeprecationWarning.
 """
 
-import warnings
 
+from keras_attn._checks import warn_deprecated
 from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.additive_attention import AdditiveAttention
 from keras_attn.layers.bahdanau import BahdanauCell
@@ -91,9 +91,9 @@ def __getattr__(name: str):
     """`keras_attn.layers.TransformerEncoder` and the other moved stacks, deprecated."""
     if name not in _MOVED_TO_MODELS:
         raise AttributeError(f"module 'keras_attn.layers' has no attribute {name!r}")
-    warnings.warn(
+    warn_deprecated(
         f"keras_attn.layers.{name} is deprecated: use keras_attn.models.{name} (or "
-        f"keras_attn.{name}).", DeprecationWarning, stacklevel=2)
+        f"keras_attn.{name}).")
     # The one import from layers/ up to models/, at use only (tests/test_structure.py).
     from keras_attn import models
 

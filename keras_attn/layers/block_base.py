@@ -5,11 +5,9 @@ post-LN residual wiring, and the config. The blocks: `keras_attn.layers.transfor
 
 from __future__ import annotations
 
-import warnings
-
 import keras
 
-from keras_attn._checks import check_bool, check_number, check_one_of
+from keras_attn._checks import check_bool, check_number, check_one_of, warn_deprecated
 from keras_attn.layers.add_norm import NORMS, AddNorm, make_norm
 from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.dropout import Dropout
@@ -64,11 +62,10 @@ def deprecated_window(attention_window, sliding_window):
             "Arguments `attention_window` (deprecated) and `sliding_window` say the same thing; "
             f"give `sliding_window` only. Received: attention_window={attention_window!r}, "
             f"sliding_window={sliding_window!r}")
-    warnings.warn(
+    warn_deprecated(
         f"`attention_window={attention_window}` is deprecated: it is "
         f"`sliding_window={attention_window + 1}` (a query sees the keys at distance < "
-        "sliding_window, as in keras.layers.MultiHeadAttention).",
-        DeprecationWarning, stacklevel=3)
+        "sliding_window, as in keras.layers.MultiHeadAttention).")
     return attention_window + 1
 
 

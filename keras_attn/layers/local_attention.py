@@ -7,11 +7,9 @@ global tokens.
 
 from __future__ import annotations
 
-import warnings
-
 import keras
 
-from keras_attn._checks import as_int
+from keras_attn._checks import as_int, warn_deprecated
 from keras_attn.layers.multi_head import MultiHead
 
 
@@ -89,10 +87,9 @@ class LocalMultiHead(MultiHead):
                     "(|p - j| < sliding_window) disagree; give `sliding_window`. Received: "
                     f"window={window}, sliding_window={sliding_window}"
                 )
-            warnings.warn(
+            warn_deprecated(
                 "LocalMultiHead(window=d) is deprecated: use sliding_window=d + 1 (the query "
-                "at p sees keys j with |p - j| < sliding_window, as in Keras).",
-                DeprecationWarning, stacklevel=2)
+                "at p sees keys j with |p - j| < sliding_window, as in Keras).")
             sliding_window = window + 1
         if sliding_window is None:
             raise ValueError(

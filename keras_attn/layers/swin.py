@@ -181,7 +181,7 @@ class WindowAttention(QuantizedSublayers, BaseAttention):
         context, weights = attn_ops.dot_product_attention(
             q, k, v, mask, dropout_rate=self.dropout, training=bool(training),
             seed=self.seed_generator, bias=self.relative_position_bias()[None],
-            return_weights=need_weights, zero_masked_inputs=False,
+            return_weights=need_weights,
         )  # (B · nW, H, M², d), (B · nW, H, M², M²)
         return self.output_dense(attn_ops.merge_heads(context)), weights
 

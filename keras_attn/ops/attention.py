@@ -9,8 +9,6 @@ number at a padded position reaches neither outputs nor gradients) and calls
 
 from __future__ import annotations
 
-import warnings
-
 import keras
 from keras import ops
 
@@ -21,6 +19,7 @@ from keras_attn._checks import (
     check_one_of,
     check_positive_int,
     static_int,
+    warn_deprecated,
 )
 from keras_attn.ops.dispatch import IMPLEMENTATIONS, attend, query_groups
 from keras_attn.ops.masks import AttentionMask
@@ -128,12 +127,11 @@ def _deprecated(arguments: dict) -> dict:
             "`mask` (an AttentionMask from `AttentionMask.build(...)`, or a boolean tensor)."
         )
     if arguments:
-        warnings.warn(
+        warn_deprecated(
             f"dot_product_attention(): {sorted(arguments)} are deprecated; build one mask with "
             "`keras_attn.ops.AttentionMask.build(query_len, key_len, batch_size, valid_lens="
             "..., use_causal_mask=..., causal_offset=...)` and pass it as `mask`. Inputs are "
-            "zeroed once where they come in, so `zero_masked_inputs` has no use.",
-            DeprecationWarning, stacklevel=3)
+            "zeroed once where they come in, so `zero_masked_inputs` has no use.")
     if arguments.get("use_causal_mask") is False:
         arguments.pop("use_causal_mask")
     return {name: value for name, value in arguments.items() if name != "zero_masked_inputs"}

@@ -325,7 +325,7 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
     if q_chunk is not None and isinstance(query_len, int) and q_chunk >= query_len:
         q_chunk = None
     if chunk_size is None:
-        chunk_size = tuning.auto_chunk_size(query_len if q_chunk is None else q_chunk)
+        chunk_size = tuning.auto_chunk_size(query_len if q_chunk is None else q_chunk, key_len)
     chunk = min(chunk_size, key_len) if isinstance(key_len, int) else chunk_size
     if q_chunk is None and isinstance(key_len, int) and chunk >= key_len:
         tile = None if mask is None else mask.block(rank=rank)
