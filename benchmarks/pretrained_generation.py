@@ -11,9 +11,9 @@ subprocess (so its peak resident memory is its own): one warm-up call (tracing),
 - `hf`: transformers' `GPT2LMHeadModel` / `LlamaForCausalLM.generate` (torch CPU,
   `torch.set_num_threads(2)`, `inference_mode`);
 - `keras_hub`: `GPT2CausalLM` / `LlamaCausalLM.generate` (TensorFlow, `sampler="greedy"`);
-- `keras_attn`: a keras_attn model built from the same architecture spec and canonical weights
-  `keras_attn.checkpoints` produces (see `keras_attn_generate`, the phase-2 slot: it runs only
-  once `keras_attn.checkpoints.build_model` exists).
+- `keras_attn`: `keras_attn.checkpoints.build_model` of the same architecture spec with
+  random canonical weights, generating with `keras_attn.decoding.generate` and the
+  checkpoint's own padding id (`generation_ids`), no end id (TensorFlow).
 
 At batch 1 generation reads every weight once per token, so the table also gives the weight
 bytes read per second (weights read per token x tokens per second; the token embedding is
@@ -144,8 +144,8 @@ def keras_hub_generate(shape: str, prompt, new_tokens: int, threads: int):
 
 
 def keras_attn_generate(shape: str, prompt, new_tokens: int, threads: int):
-    """The phase-2 slot: keras_attn's model from the spec and canonical weights of the shape
-    (random, as for the others), generating greedily with keras_attn.decoding.generate."""
+    """keras_attn's model from the spec and canonical weights of the shape (random, as for the
+    others), generating greedily with keras_attn.decoding.generate."""
     import numpy as np
     import tensorflow as tf
 
@@ -158,13 +158,15 @@ def keras_attn_generate(shape: str, prompt, new_tokens: int, threads: int):
     rng = np.random.default_rng(0)
     weights = {key: (0.02 * rng.standard_normal(shape)).astype("float32")
                for key, shape in checkpoints.canonical_shapes(spec).items()}
-    # ---- PHASE 2: the loader the `models` helper's assembly provides --------------------
     model = checkpoints.build_model(spec, weights)
     total = prompt.shape[1] + new_tokens
+    ids = checkpoints.generation_ids(spec)
+    # Every prompt position is a token (a random prompt may hold the padding id): lengths.
+    lengths = np.full((prompt.shape[0],), prompt.shape[1], "int32")
 
     def generate():
-        return ka.decoding.generate(model, prompt, total, eos_id=spec.vocab_size + 1)  # no stop
-    # --------------------------------------------------------------------------------------
+        return ka.decoding.generate(model, prompt, total, eos_id=None, pad_id=ids["pad_id"],
+                                    suppressed_ids=(), prompt_lengths=lengths)  # no stop
 
     return generate, sum(array.nbytes for array in weights.values())
 
@@ -251,7 +253,6 @@ def main(argv=None) -> None:
     import torch
     import transformers
 
-    from keras_attn import checkpoints
 
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"# Greedy generation at pretrained sizes ({time.strftime('%Y-%m-%d %H:%M %Z')})")
@@ -260,9 +261,6 @@ def main(argv=None) -> None:
           f"numpy {np.__version__}; prompt {args.prompt} + {args.new_tokens} new tokens, "
           f"{args.rounds} timed calls per point (median), a fresh process per point")
     contenders = list(args.contenders)
-    if "keras_attn" in contenders and not hasattr(checkpoints, "build_model"):
-        contenders.remove("keras_attn")
-        print("keras_attn: not yet measured (keras_attn.checkpoints.build_model, phase 2)")
     memory = bandwidth(args.threads)
     print(f"NumPy memory bandwidth: {memory['read']:.1f} GB/s reading, {memory['copy']:.1f} "
           "GB/s copying (read + write), the best of 1 and "

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_attn import decoding
@@ -125,9 +126,15 @@ def export_generator(model, vocabulary: list[str], path: str, max_length: int,
             f"Received: vocabulary[:4]={vocabulary[:4]}"
         )
     generate = make_generate_fn(model, vocabulary, max_length, split, lowercase, standardize)
+    return _write(model, generate, generate.table, path)
+
+
+def _write(model, generate, resource, path: str) -> str:
+    """The SavedModel at `path`: `model`, the tokenizer's `resource`, and the `generate`
+    signature (module docstring) of the graph function `generate`."""
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.track(generate.table)
+    archive.track(resource)
     archive.add_endpoint(
         name="generate",
         fn=generate,
@@ -142,3 +149,98 @@ def export_generator(model, vocabulary: list[str], path: str, max_length: int,
     )
     archive.write_out(path, verbose=False)
     return path
+
+
+def make_checkpoint_generate_fn(model, tokenizer, spec, max_length: int):
+    """The graph function of `export_checkpoint_generator`'s `generate` signature."""
+    from keras_attn.checkpoints import generation_ids
+
+    ids = generation_ids(spec)
+    prefix, suffix = tokenizer.prefix_ids, tokenizer.suffix_ids
+    template = len(prefix) + len(suffix)
+    if max_length < template + 3:
+        raise ValueError(
+            f"Argument `max_length` must leave room for the template's {template} ids, a "
+            f"prompt token and a new one. Received: max_length={max_length}")
+    prefix_ids = tf.constant(prefix, tf.int32, shape=[len(prefix)])
+    suffix_ids = tf.constant(suffix, tf.int32, shape=[len(suffix)])
+    end_ids = tf.constant(() if ids["eos_id"] is None else np.atleast_1d(ids["eos_id"]),
+                          tf.int32)
+    bos = spec.bos_token_id
+
+    def template_rows(values, batch):
+        rows = tf.tile(values[None], tf.stack([batch, 1]))  # (B, n)
+        return tf.RaggedTensor.from_tensor(rows)
+
+    def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed):
+        settings = checks.settings(
+            caps={"max_new_tokens": max_length}, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        batch = tf.shape(prompt)[0]
+        body = tokenizer.encode(prompt, add_special_tokens=False)  # ragged (B, None)
+        # Room for the new tokens, at most half the positions; the rest holds the template
+        # and the most recent prompt tokens.
+        room = tf.minimum(settings["max_new_tokens"], (max_length - 1) // 2)
+        kept = max_length - room - template  # >= 1
+        truncated = body.row_lengths() > tf.cast(kept, tf.int64)
+        body = body[:, -kept:]
+        prompt_ids = tf.concat([template_rows(prefix_ids, batch), body,
+                                template_rows(suffix_ids, batch)], axis=1)
+        if not template and bos is not None:  # an empty prompt starts from <bos>
+            empty = tf.cast(prompt_ids.row_lengths() == 0, tf.int64)
+            bos_rows = tf.RaggedTensor.from_row_lengths(
+                tf.fill([tf.reduce_sum(empty)], tf.constant(bos, tf.int32)), empty)
+            prompt_ids = tf.concat([bos_rows, prompt_ids], axis=1)
+        lengths = tf.cast(prompt_ids.row_lengths(), tf.int32)  # (B,)
+        context = tokenizer.decode(prompt_ids)
+        tokens = decoding.generate(
+            model, prompt_ids.to_tensor(default_value=ids["pad_id"]), max_length,
+            strategy="sample", eos_id=ids["eos_id"], pad_id=ids["pad_id"],
+            suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths,
+            **settings)  # (B, L)
+        positions = tf.range(max_length)[None, :]  # (1, L)
+        limits = lengths + tf.minimum(settings["max_new_tokens"], max_length - lengths)
+        new = (positions >= lengths[:, None]) & (positions < limits[:, None])  # (B, L)
+        ends = tf.reduce_any(tokens[:, :, None] == end_ids[None, None, :], axis=-1)
+        ended = tf.cumsum(tf.cast(ends & new, tf.int32), axis=1) > 0  # the end and after
+        text = tokenizer.decode(tf.ragged.boolean_mask(tokens, new & ~ended))
+        return {"text": text, "truncated": truncated, "context": context}
+
+    return generate
+
+
+def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: int) -> str:
+    """Write a SavedModel with a raw-string `generate` signature for a pretrained checkpoint.
+
+    As `export_generator` (the same signature and settings), with the checkpoint's tokenizer
+    in the graph (`keras_attn.checkpoints.load_tokenizer`: its TensorFlow and tensorflow-text
+    ops) and its own ids: the prompt is encoded with the tokenizer's template (Llama's
+    `<s>`, ...; an empty prompt of a tokenizer without one starts from `<bos>`), generation
+    stops at any of the checkpoint's end ids, and `text` is the continuation up to the end
+    id, decoded without special tokens. `context` is the prompt as the model read it (only
+    its kept end when `truncated`).
+
+    Serving needs TensorFlow, and tensorflow-text imported (`import tensorflow_text`) so that
+    the tokenizer's ops are registered; neither Keras nor keras_attn.
+
+    Args:
+        model: the causal LM of `keras_attn.checkpoints.build_model` (TensorFlow backend).
+        tokenizer: its `CheckpointTokenizer` (`keras_attn.checkpoints.load_tokenizer`).
+        spec: its `ArchitectureSpec` (the end and padding ids).
+        path: str, the SavedModel directory to write.
+        max_length: int, positions of the cache: the prompt (with the template) and the
+            generated tokens.
+
+    Returns:
+        `path`.
+
+    Example:
+    >>> model, tokenizer, spec = from_pretrained("path/to/Llama-3.2-1B", dtype="float32")
+    >>> export_checkpoint_generator(model, tokenizer, spec, "runs/llama/saved_model", 256)
+    """
+    check_int("max_length", max_length, 3)
+    if spec.task != "causal_lm":
+        raise ValueError(f"Argument `spec` must describe a causal language model. Received: "
+                         f"spec.task={spec.task!r}")
+    generate = make_checkpoint_generate_fn(model, tokenizer, spec, max_length)
+    return _write(model, generate, tokenizer, path)

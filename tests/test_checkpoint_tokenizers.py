@@ -208,3 +208,12 @@ def test_savedmodels_serve_with_tensorflow_and_tensorflow_text_alone(tmp_path):
     served = json.loads(result.stdout.splitlines()[-1])
     assert served.pop("imported") == []
     assert served == expected
+
+
+def test_sentencepiece_decodes_ids_without_byte_tokens():
+    tokenizer = load_tokenizer(fx.tokenizer_dir("sentencepiece"))
+    ids = tokenizer.encode(["The time machine"])  # no byte-fallback piece among them
+    assert all(not token.startswith("<0x") for token in
+               (tokenizer.tokens[i] for i in ids.to_list()[0]))
+    decoded = tf.function(tokenizer.decode)(ids)
+    assert [t.decode() for t in decoded.numpy()] == ["The time machine"]

@@ -15,10 +15,20 @@ imported); only the tokenizers need TensorFlow (their ops run inside a TF graph)
   weight a spec has, with its shape and meaning.
 - `read_safetensors`, `read_config` (`files`); `spec_from_hf_config`;
   `canonical_from_hf_state_dict`; `rope_inverse_frequencies` (`rope`).
+- `build_model(spec, weights, dtype=None)` (`build`): the keras_attn model of a spec (one
+  assembly: `TransformerDecoderOnly` or BERT's `TransformerEncoder`) with the weights set;
+  `generation_ids(spec)`: the checkpoint's eos/pad ids for `keras_attn.decoding.generate`;
+  `from_pretrained(directory, dtype=None) -> (model, tokenizer, spec)`: all of it at once.
 - `load_tokenizer(directory)` (`tokenizer`, TensorFlow): the checkpoint's tokenizer, encoding
   and decoding as the `tokenizers` library does, inside a TF graph.
 """
 
+from keras_attn.checkpoints.build import (
+    build_model,
+    from_pretrained,
+    generation_ids,
+    set_weights,
+)
 from keras_attn.checkpoints.canonical import canonical_shapes, check_canonical
 from keras_attn.checkpoints.files import read_config, read_safetensors
 from keras_attn.checkpoints.from_keras_hub import (
@@ -34,9 +44,10 @@ from keras_attn.checkpoints.rope import rope_inverse_frequencies
 from keras_attn.checkpoints.spec import ArchitectureSpec
 
 __all__ = [
-    "ArchitectureSpec", "canonical_from_hf_state_dict", "canonical_from_keras_hub",
-    "canonical_shapes", "check_canonical", "load_hf_checkpoint", "load_tokenizer",
-    "read_config", "read_safetensors", "rope_inverse_frequencies", "spec_from_hf_config",
+    "ArchitectureSpec", "build_model", "canonical_from_hf_state_dict",
+    "canonical_from_keras_hub", "canonical_shapes", "check_canonical", "from_pretrained",
+    "generation_ids", "load_hf_checkpoint", "load_tokenizer", "read_config",
+    "read_safetensors", "rope_inverse_frequencies", "set_weights", "spec_from_hf_config",
     "spec_from_keras_hub",
 ]
 

@@ -117,6 +117,16 @@ class CheckpointTokenizer(tf.Module):
                                                     tf.constant([added[c] for c in contents],
                                                                 tf.int32)), -1)
 
+    @property
+    def prefix_ids(self) -> list[int]:
+        """The ids the template puts before the text (e.g. `[bos]`, `[CLS]`)."""
+        return [int(i) for i in self._prefix.numpy()]
+
+    @property
+    def suffix_ids(self) -> list[int]:
+        """The ids the template puts after the text (e.g. `[SEP]`)."""
+        return [int(i) for i in self._suffix.numpy()]
+
     # --- what each kind provides -----------------------------------------------------------
 
     def _encode_segments(self, segments: tf.Tensor, first: tf.Tensor) -> tf.RaggedTensor:

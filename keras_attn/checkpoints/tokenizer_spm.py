@@ -142,6 +142,8 @@ class SentencePieceTokenizer(CheckpointTokenizer):
         replaced = tf.strings.reduce_join(tf.RaggedTensor.from_row_lengths(
             tf.fill([tf.reduce_sum(lengths)], REPLACEMENT), lengths), axis=1)
         run_text = tf.where(valid, joined, replaced)
+        # (an extra "" so that the gather has a row to read when no id is a byte token)
+        run_text = tf.concat([run_text, tf.constant([""])], axis=0)
         pieces = tf.where(starts, tf.gather(run_text, tf.maximum(run, 0)),
                           tf.where(flat_bytes, "", flat_texts))
         text = tf.strings.reduce_join(ids.with_flat_values(pieces), axis=1)

@@ -5,10 +5,11 @@ The model's layer named `"decoder"` keeps the decoding contract of
 `keras_attn.decoding.contract.Decoder` (`keras_attn.models.TransformerDecoderOnly`, the decoder
 of `keras_attn.models.causal_lm`, does).
 
-Prompts are right-padded with 0 (each row at least one token, e.g. `<bos>`); a row's
-prompt tokens are kept as they are and its generated tokens follow them. Other layouts are
-refused, not guessed at: left padding would need a padding mask over the cache, which the
-contract does not carry.
+Prompts are right-padded with `pad_id` (0, keras_attn's padding; a pretrained checkpoint's
+own, `keras_attn.checkpoints.generation_ids`), or their lengths are given (`prompt_lengths`);
+each row has at least one token, e.g. `<bos>`. A row's prompt tokens are kept as they are and
+its generated tokens follow them. Other layouts are refused, not guessed at: left padding
+would need a padding mask over the cache, which the contract does not carry.
 """
 
 from __future__ import annotations
@@ -32,15 +33,17 @@ def _decoder(model):
     return compiled.contract_layer(model, "decoder", kind)
 
 
-def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, alpha, *,
-              strategy, max_length, eos_id, beam_size, return_attention, return_scores):
+def _generate(model, prompt_ids, lengths, max_new_tokens, temperature, top_k, top_p, seed,
+              alpha, *, strategy, max_length, eos_id, beam_size, return_attention, return_scores,
+              pad_id=PAD_ID, suppressed_ids=(PAD_ID, BOS_ID)):
     """The whole generation for one batch of prompts."""
     decoder = _decoder(model)
     prompt_ids = ops.cast(prompt_ids, "int32")
     batch, prompt_len = ops.shape(prompt_ids)[0], ops.shape(prompt_ids)[1]
-    lengths = ops.sum(ops.cast(ops.not_equal(prompt_ids, PAD_ID), "int32"), axis=1)  # (B,)
+    lengths = ops.cast(lengths, "int32")  # (B,)
     tokens = ops.concatenate(
-        [prompt_ids, ops.zeros((batch, max_length - prompt_len), "int32")], axis=1)  # (B, L)
+        [prompt_ids, ops.full((batch, max_length - prompt_len), pad_id, "int32")],
+        axis=1)  # (B, L)
     state = decoder.init_decode_state(batch, max_length)
     # The prompt at once, but for each row's last prompt token, which the loop feeds.
     step = contract.step_function(decoder, return_attention)
@@ -48,7 +51,7 @@ def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed
     # Each row ends at its prompt length plus `max_new_tokens`, or at `max_length`; written
     # so that no sum can exceed int32 (`max_new_tokens` may be 2**31 - 1).
     limits = lengths + ops.minimum(max_new_tokens, max_length - lengths)  # (B,)
-    banned = (PAD_ID, BOS_ID)
+    banned = tuple(suppressed_ids)
     if strategy == "beam":
         tokens, scores, attention = loops.beam_loop(
             step, state, tokens, lengths, eos_id, banned, beam_size, alpha,
@@ -64,13 +67,27 @@ def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed
 
         tokens, scores, attention = loops.token_loop(
             step, state, tokens, lengths, eos_id, banned, choose,
-            return_attention, alpha, return_scores, limits)
+            return_attention, alpha, return_scores, limits, pad_id=pad_id)
     outputs = (tokens,)
     if return_attention:
         outputs += (attention,)
     if return_scores:
         outputs += (scores,)
     return outputs
+
+
+def _suppressed(suppressed_ids, pad_id: int, vocab_size) -> tuple:
+    """The ids never generated: keras_attn's padding and `<bos>` by default."""
+    if suppressed_ids is None:
+        return (pad_id, BOS_ID)
+    ids = tuple(suppressed_ids) if isinstance(suppressed_ids, (tuple, list)) else None
+    if ids is None or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i and (
+                vocab_size is None or i < vocab_size) for i in ids):
+        raise ValueError(
+            "Received an invalid value for argument `suppressed_ids`, expected None or a tuple "
+            f"of token ids in [0, {vocab_size}). Received: suppressed_ids={suppressed_ids!r}")
+    return ids
 
 
 def generate(
@@ -89,6 +106,9 @@ def generate(
     return_attention: bool = False,
     return_scores: bool = False,
     jit_compile: bool = False,
+    pad_id: int = PAD_ID,
+    suppressed_ids=None,
+    prompt_lengths=None,
 ):
     """Continue a batch of prompts with a causal language model.
 
@@ -114,13 +134,25 @@ def generate(
         beam_size: int, hypotheses per prompt with `"beam"`. Defaults to `4`.
         length_penalty: float >= 0, GNMT's exponent (beam ranking, scores). Defaults to `0.6`.
         eos_id: int, the end token, a token the model can emit (below its vocabulary size,
-            not padding or `<bos>`); `None`: no end token, every row runs to its limit.
-            Defaults to `keras_attn.tokens.EOS_ID` (3).
+            not one of `suppressed_ids`), or a tuple of such (a pretrained checkpoint's several
+            end ids); `None`: no end token, every row runs to its limit. Defaults to
+            `keras_attn.tokens.EOS_ID` (3).
         return_attention: bool, also return every step's attention
             `(B, max_length - 1, num_layers, num_heads, max_length)`. Defaults to `False`.
         return_scores: bool, also return each continuation's normalized log-probability
             `(B,)`. Defaults to `False`.
         jit_compile: bool, compile with XLA (TensorFlow). Defaults to `False`.
+        pad_id: int, the id that right-pads `prompt_ids` and follows a row's end (a
+            pretrained checkpoint's own, `keras_attn.checkpoints.generation_ids`; it may be a
+            real token, e.g. the end id: only trailing ones count as padding). Defaults to
+            `keras_attn.tokens.PAD_ID` (0).
+        suppressed_ids: optional tuple of ids never generated. Defaults to `None`:
+            keras_attn's reserved padding and `<bos>` (`(pad_id, BOS_ID)`); a pretrained
+            checkpoint's ids are all generated (`()`).
+        prompt_lengths: optional integer `(B,)`, each row's prompt length (in `[1, P]`):
+            the ids after it are ignored, whatever they are (no id then counts as padding,
+            e.g. when the end id that pads a checkpoint's prompts may also end a prompt).
+            Defaults to `None` (the tokens before the trailing `pad_id`s).
 
     Returns:
         int32 `(B, max_length)`: each prompt, then its continuation up to `<eos>` (included),
@@ -131,15 +163,30 @@ def generate(
     ...                   strategy="sample", temperature=0.8, top_p=0.9, seed=7)
     """
     check_one_of("strategy", strategy, STRATEGIES)
+    check_int("pad_id", pad_id, 0)
+    pad_id = int(pad_id)
+    if strategy == "beam" and pad_id != PAD_ID:
+        raise ValueError(
+            f"Argument `pad_id` must be {PAD_ID} with strategy=\"beam\" (finished hypotheses "
+            f"are extended with {PAD_ID}). Received: pad_id={pad_id}")
     checks.length("max_length", max_length, 2)
     check_int("beam_size", beam_size, 1)
     check_number("length_penalty", length_penalty, 0)
     max_length, beam_size = int(max_length), int(beam_size)
     decoder = _decoder(model)
     vocab_size = checks.vocab_size(decoder)
-    checks.end_token(eos_id, vocab_size, (PAD_ID, BOS_ID))
-    eos_id = None if eos_id is None else int(eos_id)
-    prompt_ids = checks.token_ids("prompt_ids", prompt_ids, vocab_size, right_padded=True)
+    suppressed_ids = _suppressed(suppressed_ids, pad_id, vocab_size)
+    if isinstance(eos_id, list):
+        eos_id = tuple(eos_id)
+    checks.end_token(eos_id, vocab_size, suppressed_ids)
+    eos_id = (None if eos_id is None else tuple(int(e) for e in eos_id)
+              if isinstance(eos_id, tuple) else int(eos_id))
+    prompt_ids = checks.token_ids("prompt_ids", prompt_ids, vocab_size,
+                                  right_padded=prompt_lengths is None, pad_id=pad_id)
+    if prompt_lengths is None:  # the tokens before the trailing padding
+        prompt_lengths = ops.sum(ops.cast(ops.not_equal(prompt_ids, pad_id), "int32"), axis=1)
+    else:
+        prompt_lengths = checks.prompt_lengths(prompt_lengths, prompt_ids)
     prompt_len = prompt_ids.shape[1]
     if prompt_len is not None and not 0 < prompt_len < max_length:
         raise ValueError(
@@ -158,9 +205,10 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     params = tuple(settings.values()) + (ops.convert_to_tensor(float(length_penalty)),)
     outputs = compiled.run(
-        _generate, model, (prompt_ids,) + params,
+        _generate, model, (prompt_ids, prompt_lengths) + params,
         {"strategy": strategy, "max_length": max_length, "eos_id": eos_id,
          "beam_size": beam_size, "return_attention": bool(return_attention),
-         "return_scores": bool(return_scores)}, jit_compile)
+         "return_scores": bool(return_scores), "pad_id": pad_id,
+         "suppressed_ids": suppressed_ids}, jit_compile)
     outputs = tuple(outputs)
     return outputs[0] if len(outputs) == 1 else outputs

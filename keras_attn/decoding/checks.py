@@ -182,6 +182,31 @@ def token_ids(name: str, ids, vocab_size: int | None = None, right_padded: bool 
     return ops.cast(ids, "int32")
 
 
+def prompt_lengths(lengths, ids):
+    """Each row's prompt length, int32 `(B,)`, checked in `[1, P]` for ids `(B, P)` (a
+    ValueError for known values, else a failed call with the same message)."""
+    if not hasattr(lengths, "shape"):
+        lengths = np.asarray(lengths)
+    if len(lengths.shape) != 1 or _kind(lengths) != "int":
+        raise ValueError(_message("prompt_lengths", "integer lengths of shape (batch_size,)")
+                         + f"prompt_lengths.shape={tuple(lengths.shape)}, "
+                         f"dtype={_kind(lengths)}")
+    message = _message("prompt_lengths", "one length per prompt row, each in [1, the prompt "
+                                         "length]")
+    known, width = concrete_value(lengths), ids.shape[1]
+    if known is not None and width is not None and concrete_value(ids) is not None:
+        if known.shape[0] != ids.shape[0] or np.any(known < 1) or np.any(known > width):
+            raise ValueError(message + f"prompt_lengths={known.tolist()} for prompt_ids of "
+                                       f"shape {tuple(ids.shape)}")
+        return ops.convert_to_tensor(known, "int32")
+    lengths = ops.cast(lengths, "int32")
+    ok = ops.logical_and(ops.all(lengths >= 1),
+                         ops.all(lengths <= ops.cast(ops.shape(ids)[1], "int32")))
+    ok = ops.logical_and(ok, ops.equal(ops.shape(lengths)[0], ops.shape(ids)[0]))
+    (lengths,) = _in_graph(ok, message + "prompt_lengths: ", (lengths,), (lengths,))
+    return lengths
+
+
 def _first_unpadded_row(present: np.ndarray):
     """The first row of the boolean `(B, T)` `present` that is not tokens-then-padding."""
     wrong = ~present[:, 0] | np.any(present[:, 1:] & ~present[:, :-1], axis=1)
@@ -206,8 +231,13 @@ def length(name: str, value, minimum: int) -> None:
 
 def end_token(eos_id, vocab_size, never_emitted) -> None:
     """Raise unless `eos_id` is None (no end token) or a token the search can emit: below
-    `vocab_size` (when known) and not one of `never_emitted`."""
+    `vocab_size` (when known) and not one of `never_emitted`; or a non-empty tuple of such
+    tokens."""
     if eos_id is None:
+        return
+    if isinstance(eos_id, tuple) and eos_id and not any(isinstance(e, tuple) for e in eos_id):
+        for end in eos_id:
+            end_token(end, vocab_size, never_emitted)
         return
     expected = "None (no end token) or a token id the model can emit"
     if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)) or eos_id < 0:

@@ -43,10 +43,14 @@ def _zero_rows(done, values):
 
 
 def _ends(token, eos_id):
-    """Boolean: `token` is the end token (never, with `eos_id=None`)."""
+    """Boolean: `token` is the end token, or one of a tuple of them (never, with
+    `eos_id=None`)."""
     if eos_id is None:
         return ops.zeros_like(token, "bool")
-    return ops.equal(token, eos_id)
+    ends = ops.zeros_like(token, "bool")
+    for end in (eos_id if isinstance(eos_id, tuple) else (eos_id,)):
+        ends = ops.logical_or(ends, ops.equal(token, end))
+    return ends
 
 
 def _check_end_token(logits, eos_id, never_emitted) -> None:
@@ -73,7 +77,7 @@ def length_penalty(lengths, alpha):
 
 def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emitted, choose,
                return_attention: bool = False, alpha=0.0, return_scores: bool = True,
-               limits=None):
+               limits=None, pad_id: int = PAD_ID):
     """Greedy search or sampling: at each step `choose(logits, index)` picks the next token.
 
     Args:
@@ -81,7 +85,7 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_em
         state: the decoding state after the prompt's positions before `min(prompt_lengths) - 1`.
         tokens: int32 `(B, L)`: the prompts, then anything.
         prompt_lengths: int32 `(B,)`, each at least 1.
-        eos_id: the end token, or None (none).
+        eos_id: the end token, a tuple of end tokens, or None (none).
         never_emitted: tuple of token ids never chosen (padding, `<bos>`).
         choose: `(logits float32 (B, V), index) -> int32 (B,)`.
         return_attention: bool, also return every step's attention `(B, L - 1, ...)`.
@@ -90,6 +94,7 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_em
         limits: optional int32 `(B,)`: row `b` ends (padding after) at position `limits[b]`,
             e.g. its prompt length plus a number of new tokens. Defaults to `None` (the
             buffer's end).
+        pad_id: int, the token written after a row ends. Defaults to `PAD_ID` (0).
 
     Returns:
         `(tokens, scores, attention)`: the filled `(B, L)` buffer; float32 `(B,)` log-probability
@@ -109,7 +114,7 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_em
             finished = ops.logical_or(finished, ops.logical_and(
                 ops.logical_not(forced), index + 1 >= limits))
         token = ops.where(forced, column(tokens, index + 1),
-                          ops.where(finished, PAD_ID, chosen))
+                          ops.where(finished, pad_id, chosen))
         live = ops.logical_not(ops.logical_or(forced, finished))
         if return_scores:
             step_log_prob = ops.take_along_axis(ops.log_softmax(logits, axis=-1),

@@ -29,6 +29,7 @@ from keras_attn.layers.position_encoding import (
     SinusoidalPositionEncoding,
     sinusoidal_table,
 )
+from keras_attn.layers.rotary_frequencies import FrequencyRotaryEmbedding
 from keras_attn.layers.scaled_dot_attention import ScaledDotAttention
 from keras_attn.layers.swin import (
     PatchEmbedding,
@@ -56,6 +57,7 @@ __all__ = [
     "BahdanauCell",
     "BaseAttention",
     "Dropout",
+    "FrequencyRotaryEmbedding",
     "LinearAttention",
     "LocalMultiHead",
     "MultiHead",

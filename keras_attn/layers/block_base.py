@@ -89,17 +89,36 @@ def check_kernel_choice(implementation, chunk_size, sliding_window, dropout) -> 
             f"implementation={implementation!r}, dropout={dropout!r}")
 
 
+# Names `use_bias` may hold besides the attention projections (`MultiHead`'s): the block's
+# FFN, and a stack's untied output head.
+BIAS_PARTS = ("ffn", "head")
+
+
 def check_use_bias(use_bias):
-    """`use_bias` as a bool, or a tuple of attention projection names (checked by
-    `MultiHead`)."""
+    """`use_bias` as a bool, or a tuple of the names of the parts with biases: attention
+    projections (`"query"`, `"key"`, `"value"`, `"output"`, checked by `MultiHead`), `"ffn"`
+    and (stacks) `"head"`."""
     if isinstance(use_bias, bool):
         return use_bias
     names = (use_bias,) if isinstance(use_bias, str) else use_bias
     if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
         raise ValueError(
             "Received an invalid value for argument `use_bias`, expected a bool or the names "
-            f"of the attention projections with a bias. Received: use_bias={use_bias!r}")
+            f"of the parts with a bias. Received: use_bias={use_bias!r}")
     return tuple(names)
+
+
+def has_bias(use_bias, part: str) -> bool:
+    """Whether `part` (`"ffn"`, `"head"`) has a bias under `use_bias`."""
+    return use_bias is True or (not isinstance(use_bias, bool) and part in use_bias)
+
+
+def attention_bias(use_bias):
+    """`use_bias` as `MultiHead` takes it: a bool, or the attention projections' names."""
+    if isinstance(use_bias, bool):
+        return use_bias
+    names = tuple(name for name in use_bias if name not in BIAS_PARTS)
+    return names if names else False
 
 
 def _position_config(position_encoding):
@@ -152,6 +171,7 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
         sliding_window: int | None = None,
         head_dim: int | None = None,
         use_bias: bool = True,
+        gated_ffn: bool = False,
         **kwargs,
     ):
         sliding_window = deprecated_window(kwargs.pop("attention_window", None), sliding_window)
@@ -171,6 +191,7 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
         check_number("epsilon", epsilon, 0, strict=True)
         check_positive_int("head_dim", head_dim, allow_none=True)
         use_bias = check_use_bias(use_bias)
+        check_bool("gated_ffn", gated_ffn)
         check_kernel_choice(implementation, chunk_size, sliding_window, dropout)
         self.num_heads = num_heads
         self.ffn_dim = ffn_dim
@@ -188,6 +209,7 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
         self.sliding_window = sliding_window
         self.head_dim = head_dim
         self.use_bias = use_bias
+        self.gated_ffn = gated_ffn
         self.supports_masking = True
 
     def _attention(self, embed_dim: int, name: str, causal: bool | None = None) -> MultiHead:
@@ -208,7 +230,7 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
             key_dim=self.head_dim or _head_dim(embed_dim, self.num_heads),
             output_dim=embed_dim,
             dropout=self.dropout,
-            use_bias=self.use_bias,
+            use_bias=attention_bias(self.use_bias),
             kernel_initializer=sublayer_initializer(self.kernel_initializer, name),
             seed=self.seed,
             num_key_value_heads=self.num_key_value_heads,
@@ -236,7 +258,8 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
             dropout=self.dropout,
             kernel_initializer=sublayer_initializer(self.kernel_initializer, "ffn"),
             seed=self.seed,
-            use_bias=self.use_bias is True,
+            gated=self.gated_ffn,
+            use_bias=has_bias(self.use_bias, "ffn"),
             name="ffn",
             dtype=self.dtype_policy,
         )
@@ -311,6 +334,7 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
                 "head_dim": self.head_dim,
                 "use_bias": self.use_bias if isinstance(self.use_bias, bool) else list(
                     self.use_bias),
+                "gated_ffn": self.gated_ffn,
                 "dtype": self.dtype_config(),
             }
         )
@@ -344,8 +368,12 @@ BLOCK_ARGS_DOC = """        num_heads: int, number of attention heads.
             Defaults to `None`.
         head_dim: optional int, the size of each head. Defaults to `embed_dim // num_heads`.
         use_bias: bool, biases in the attention projections and the FFN; or the names of the
-            attention projections that have one (`MultiHead`'s `use_bias`; Qwen2:
-            `("query", "key", "value")`), the FFN then without. Defaults to `True`."""
+            parts that have one: attention projections (`MultiHead`'s `use_bias`; Qwen2:
+            `("query", "key", "value")`) and `"ffn"` (the FFN's projections). Defaults to
+            `True`.
+        gated_ffn: bool, a gated FFN with `activation` on the gate:
+            `act(x W_g) ⊙ (x W_1)` (`"swiglu"` and `"geglu"` are gated anyway; a gated tanh
+            GELU is `activation="gelu_tanh", gated_ffn=True`). Defaults to `False`."""
 
 
 def document_block(norm_first: bool):

@@ -11,7 +11,7 @@ from keras import ops
 from keras_attn._checks import check_bool, check_one_of
 from keras_attn.layers.add_norm import NORMS
 from keras_attn.layers.base import check_positive_int
-from keras_attn.layers.block_base import _position_config, check_use_bias
+from keras_attn.layers.block_base import _position_config, check_use_bias, has_bias
 from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
@@ -50,8 +50,11 @@ class TransformerDecoderOnly(_Stack):
         head_dim: optional int, the size of each attention head. Defaults to
             `embed_dim // num_heads`.
         use_bias: bool, biases in the attention and FFN projections and the untied head; or
-            the names of the attention projections with one (Qwen2: `("query", "key",
-            "value")`; FFN and head then without). Defaults to `True`.
+            the names of the parts with one: attention projections (Qwen2: `("query",
+            "key", "value")`), `"ffn"` and `"head"` (the untied head); the others then
+            without. Defaults to `True`.
+        gated_ffn: bool, gate the FFN with `activation` (`act(x W_g) ⊙ (x W_1)`; `"swiglu"`
+            is gated anyway). Defaults to `False`.
 
     Call arguments:
         inputs: integer token ids `(B, T)`.
@@ -82,7 +85,8 @@ class TransformerDecoderOnly(_Stack):
                  max_length: int | None = None, num_key_value_heads: int | None = None,
                  norm: str = "rms", activation="swiglu", norm_first: bool = True,
                  tie_embeddings: bool = False, head_dim: int | None = None,
-                 use_bias: bool = True, pad_id: int | None = PAD_ID, **kwargs):
+                 use_bias: bool = True, pad_id: int | None = PAD_ID, gated_ffn: bool = False,
+                 **kwargs):
         super().__init__(vocab_size, num_layers, embed_dim, num_heads, ffn_dim,
                          dropout=dropout, norm_first=norm_first, activation=activation,
                          pad_id=pad_id, **kwargs)
@@ -96,6 +100,8 @@ class TransformerDecoderOnly(_Stack):
         check_bool("tie_embeddings", tie_embeddings)
         check_positive_int("head_dim", head_dim, allow_none=True)
         use_bias = check_use_bias(use_bias)
+        check_bool("gated_ffn", gated_ffn)
+        self.gated_ffn = gated_ffn
         self.position_encoding, self.max_length = position_encoding, max_length
         self.num_key_value_heads, self.norm = num_key_value_heads, norm
         self.tie_embeddings, self.head_dim, self.use_bias = tie_embeddings, head_dim, use_bias
@@ -123,7 +129,7 @@ class TransformerDecoderOnly(_Stack):
     def _head(self) -> OutputHead:
         return OutputHead(
             self.vocab_size, tie_embeddings=self.tie_embeddings,
-            use_bias=self.use_bias is True and not self.tie_embeddings,
+            use_bias=has_bias(self.use_bias, "head") and not self.tie_embeddings,
             kernel_initializer=sublayer_initializer(self.kernel_initializer, "head"),
             name="head", dtype=self.dtype_policy)
 
@@ -132,7 +138,7 @@ class TransformerDecoderOnly(_Stack):
         return dict(super()._block_kwargs(name), norm=self.norm,
                     num_key_value_heads=self.num_key_value_heads,
                     position_encoding=self.position_encoding if in_attention else None,
-                    head_dim=self.head_dim, use_bias=self.use_bias)
+                    head_dim=self.head_dim, use_bias=self.use_bias, gated_ffn=self.gated_ffn)
 
     def build(self, inputs_shape, padding_mask_shape=None):
         self._build_parts(inputs_shape)
@@ -225,7 +231,7 @@ class TransformerDecoderOnly(_Stack):
             "position_encoding": self.position_encoding, "max_length": self.max_length,
             "num_key_value_heads": self.num_key_value_heads, "norm": self.norm,
             "tie_embeddings": self.tie_embeddings, "head_dim": self.head_dim,
-            "use_bias": self.use_bias if isinstance(self.use_bias, bool) else list(
+            "gated_ffn": self.gated_ffn, "use_bias": self.use_bias if isinstance(self.use_bias, bool) else list(
                 self.use_bias),
         })
         return config

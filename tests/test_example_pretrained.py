@@ -1,0 +1,43 @@
+"""examples/pretrained_generate.py on a tiny checkpoint: it generates with the checkpoint's ids,
+reports its speed, and exports a `generate` SavedModel giving the same greedy text."""
+
+import json
+import os
+import sys
+
+import checkpoint_fixtures as fx
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
+import pretrained_generate
+
+pytestmark = pytest.mark.tf_only  # the tokenizer's TF ops, the SavedModel
+
+
+def test_a_tiny_checkpoint_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    prompts = ["The Time Traveller", ""]
+    metrics = pretrained_generate.main([
+        fx.hf_checkpoint("gpt2"), "--prompt", prompts[0], "--prompt", prompts[1],
+        "--max-new-tokens", "8", "--out", str(out)])
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["texts"] == metrics["texts"] and len(saved["texts"]) == 2
+    assert saved["source"] == "GPT2LMHeadModel" and saved["tokens_per_second"] > 0
+    assert saved["tokens"] == 16  # no end id among a random model's greedy choices here
+    import tensorflow as tf
+
+    generate = tf.saved_model.load(str(out / "saved_model")).signatures["generate"]
+    served = generate(prompt=tf.constant(prompts), max_new_tokens=tf.constant(8),
+                      temperature=tf.constant(0.0), top_k=tf.constant(0),
+                      top_p=tf.constant(1.0), seed=tf.constant(0))
+    assert [t.decode() for t in served["text"].numpy()] == saved["texts"]
+    with pytest.raises(SystemExit, match="overwrite"):
+        pretrained_generate.main([fx.hf_checkpoint("gpt2"), "--out", str(out)])
+
+
+def test_what_it_refuses(tmp_path):
+    with pytest.raises(SystemExit):
+        pretrained_generate.main([str(tmp_path), "--out", str(tmp_path / "x")])  # no config
+    with pytest.raises(SystemExit, match="not a causal language model"):
+        pretrained_generate.main([fx.hf_checkpoint("bert"), "--out", str(tmp_path / "y"),
+                                  "--no-export"])
