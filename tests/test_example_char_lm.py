@@ -20,7 +20,7 @@ needs_data = pytest.mark.skipif(not os.path.isfile(DATA),
 @needs_data
 def test_a_short_run_writes_everything(tmp_path):
     out = tmp_path / "run"
-    metrics = char_lm.main(["--out", str(out), "--epochs", "1", "--steps-per-epoch", "4",
+    metrics = char_lm.main(["--out", str(out), "--epochs", "1", "--steps-per-epoch", "12",
                             "--batch-size", "8", "--seq-len", "16", "--embed-dim", "16",
                             "--num-heads", "2", "--num-kv-heads", "1", "--ffn-dim", "32",
                             "--num-layers", "1"])
