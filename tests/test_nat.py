@@ -327,7 +327,11 @@ def test_exported_translate_equals_mask_predict_in_python(dates, tmp_path):
                "joiner": ""}
     export_nat_translator(model, dates.source_vectorizer, dates.target_vectorizer, path,
                           **options)
-    texts = ["march 3rd, 2021", "3/3/21", "", "march 3rd, 2021 " * 5]
+    from keras_attn.data.translation import WHITESPACE
+
+    # Then only spaces, of every Unicode kind: nothing to translate.
+    texts = ["march 3rd, 2021", "3/3/21", "", "march 3rd, 2021 " * 5, *WHITESPACE,
+             " \u00a0\u3000\u2003"]
     served = tf.saved_model.load(path).signatures["translate"](text=tf.constant(texts))
     in_python = make_nat_translate_fn(model, dates.source_vectorizer,
                                       dates.target_vectorizer.get_vocabulary(),
@@ -339,8 +343,10 @@ def test_exported_translate_equals_mask_predict_in_python(dates, tmp_path):
     ids, scores = mask_predict(model, dates.encode_source(texts[:2]), 3, length_beam=2)
     assert [t.decode() for t in served["translation"].numpy()[:2]] == dates.decode(ids)
     np.testing.assert_allclose(served["score"].numpy()[:2], as_np(scores), atol=1e-5)
-    assert served["translation"].numpy()[2] == b"" and served["score"].numpy()[2] == -np.inf
-    assert served["truncated"].numpy().tolist() == [False, False, False, True]
+    for i in [2, *range(4, len(texts))]:
+        assert served["translation"].numpy()[i] == b"" and served["score"].numpy()[i] == -np.inf
+    assert served["truncated"].numpy().tolist() == [False, False, False, True] + [False] * (
+        len(texts) - 4)
     ids = tf.zeros((1, dates.source_length), tf.int32)
     serve = tf.saved_model.load(path).signatures["serve"](
         source_ids=ids, masked_target_ids=tf.zeros((1, dates.target_length), tf.int32))
