@@ -102,3 +102,84 @@ def clear_export_dir(export_dir: str) -> None:
     export holds no stale files; `check_run_dirs` has refused anything else."""
     if _is_saved_model(export_dir):
         shutil.rmtree(export_dir)
+
+
+def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int,
+                         alpha: float = 0.02):
+    """A Keras callback that fits the learning-rate schedule to `seconds` of training and
+    stops training when they are spent.
+
+    The schedule is a function of the training time, not of a step count estimated in advance:
+    a linear warm-up over the first `warmup_steps` steps to `learning_rate`, then a cosine
+    decay from the time the warm-up ended to `alpha * learning_rate` at `seconds`, with
+    progress = (training seconds since the warm-up) / (seconds left after it). Measured time
+    follows the machine: on a shared machine whose speed changes during the run (other jobs
+    starting or ending), a step count estimated from the first steps would end the decay early
+    or late; the time itself does not. The price: the rate at a given step depends on how fast
+    the steps ran, so two runs of the same seed differ slightly.
+
+    Training seconds are the wall time of `model.fit` from its first training step, without
+    the validation passes between epochs (and without anything before `fit`: loading data,
+    learning vocabularies). The first steps include tracing the training function, as every
+    run does. Training stops at the end of the first step that passes `seconds`.
+
+    Args:
+        seconds: float > 0, the budget of training seconds.
+        learning_rate: float, the peak learning rate (the optimizer's is overwritten every
+            step: give the optimizer a plain float rate, not a schedule).
+        warmup_steps: int >= 0, steps of linear warm-up.
+        alpha: float, the final rate as a fraction of `learning_rate`. Defaults to `0.02`.
+
+    Returns:
+        The callback; after `fit`, its `summary()` gives the training seconds, the steps run,
+        the steps of warm-up done and whether the budget ended the run.
+    """
+    import math
+    import time
+
+    import keras
+
+    class TimeBudget(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.start, self.paused, self.steps = time.perf_counter(), 0.0, 0
+            self.decay_start, self.spent, self.pause_start = None, False, None
+
+        def trained(self) -> float:
+            return time.perf_counter() - self.start - self.paused
+
+        def rate(self) -> float:
+            if self.steps < warmup_steps:
+                return learning_rate * (self.steps + 1) / warmup_steps
+            if self.decay_start is None:
+                self.decay_start = self.trained()
+            left = max(seconds - self.decay_start, 1e-9)
+            progress = min(max((self.trained() - self.decay_start) / left, 0.0), 1.0)
+            return learning_rate * (alpha + (1 - alpha) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+        def on_train_end(self, logs=None):
+            self.total = self.trained()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.model.optimizer.learning_rate = self.rate()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if self.trained() >= seconds:
+                self.spent = True
+                self.model.stop_training = True
+
+        # Validation between epochs is not training time.
+        def on_test_begin(self, logs=None):
+            self.pause_start = time.perf_counter()
+
+        def on_test_end(self, logs=None):
+            if self.pause_start is not None:
+                self.paused += time.perf_counter() - self.pause_start
+                self.pause_start = None
+
+        def summary(self) -> dict:
+            return {"time_budget_s": seconds, "trained_s": round(self.total, 1),
+                    "steps": self.steps, "budget_spent": self.spent,
+                    "warmup_steps_done": min(self.steps, warmup_steps)}
+
+    return TimeBudget()

@@ -316,28 +316,16 @@ class TranslationData:
 
         def length(inputs, target_out):
             source, target_in = inputs
-            return tf.cast(tf.maximum(tf.math.count_nonzero(source),
-                                      tf.math.count_nonzero(target_in)), tf.int64)
+            return tf.maximum(tf.math.count_nonzero(source), tf.math.count_nonzero(target_in))
 
         def cut(inputs, target_out):
             source, target_in = inputs
-            # At least one position, so that a batch of empty sources keeps a shape models take.
-            source_length = tf.maximum(tf.reduce_max(_lengths(source)), 1)
-            target_length = tf.maximum(tf.reduce_max(_lengths(target_in)), 1)
+            source_length, target_length = batch_length(source), batch_length(target_in)
             return ((source[:, :source_length], target_in[:, :target_length]),
                     target_out[:, :target_length])
 
-        dataset = dataset.group_by_window(
-            key_func=length,
-            reduce_func=lambda _, window: window.batch(batch_size, drop_remainder=drop_remainder),
-            window_size=batch_size,
-        )
-        # The number of batches does not depend on the order: per length, the pairs of that
-        # length in batches of `batch_size`. Declared, so that Keras' progress bar knows it.
-        counts = np.bincount(np.maximum(np.count_nonzero(source, axis=1),
-                                        np.count_nonzero(target_in, axis=1)))
-        per_length = counts // batch_size if drop_remainder else -(-counts // batch_size)
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(int(per_length.sum())))
+        lengths = np.maximum(np.count_nonzero(source, axis=1), np.count_nonzero(target_in, axis=1))
+        dataset = batch_by_length(dataset, length, lengths, batch_size, drop_remainder)
         return dataset.map(cut, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     def decode(self, ids) -> list[str]:
@@ -388,10 +376,38 @@ class TranslationData:
         return keras.ops.convert_to_numpy(ids).astype(np.int32)
 
 
-def _lengths(ids: tf.Tensor) -> tf.Tensor:
-    """Per row of padded ids `(B, L)`: the position after the last non-padding id, `(B,)`."""
+def batch_by_length(dataset: tf.data.Dataset, length_of: Callable, lengths: np.ndarray,
+                    batch_size: int, drop_remainder: bool) -> tf.data.Dataset:
+    """Batches of the elements of `dataset` that have the same length.
+
+    Args:
+        dataset: unbatched `tf.data.Dataset`.
+        length_of: function of an element (its components as arguments) returning its length,
+            an int64 scalar tensor.
+        lengths: int array `(N,)`, the same lengths for the `N` elements, to count the batches.
+        batch_size: int.
+        drop_remainder: bool, drop each length's last incomplete batch.
+
+    Returns:
+        The batched dataset, its cardinality declared (the number of batches does not depend on
+        the order: per length, the elements of that length in batches of `batch_size`), so that
+        Keras' progress bar and schedules know it.
+    """
+    dataset = dataset.group_by_window(
+        key_func=lambda *element: tf.cast(length_of(*element), tf.int64),
+        reduce_func=lambda _, window: window.batch(batch_size, drop_remainder=drop_remainder),
+        window_size=batch_size,
+    )
+    counts = np.bincount(np.asarray(lengths, np.int64), minlength=1)
+    per_length = counts // batch_size if drop_remainder else -(-counts // batch_size)
+    return dataset.apply(tf.data.experimental.assert_cardinality(int(per_length.sum())))
+
+
+def batch_length(ids: tf.Tensor) -> tf.Tensor:
+    """The length a batch of padded ids `(B, L)` can be cut to: the position after its last
+    non-padding id, at least 1 (so that a batch of empty rows keeps a shape models take)."""
     positions = tf.range(1, tf.shape(ids)[1] + 1)
-    return tf.reduce_max(tf.where(ids != PAD_ID, positions, 0), axis=1)
+    return tf.maximum(tf.reduce_max(tf.where(ids != PAD_ID, positions, 0)), 1)
 
 
 def max_tokens(texts: Iterable[str]) -> int:
