@@ -25,7 +25,7 @@ from example_utils import (
 )
 
 # parse_args and DATES_HELP are re-exported for the scripts and their tests.
-from translation_args import DATES_HELP, TASK_NAMES, parse_args  # noqa: F401
+from translation_args import DATES_HELP, DECAY_FRACTION, TASK_NAMES, parse_args  # noqa: F401
 
 
 def make_strategy(name: str):
@@ -344,6 +344,7 @@ def serving_note(data) -> str:
 MAX_EPOCHS = 100_000
 
 
+
 def optimizer(args, steps_per_epoch: int):
     """Adam with gradient clipping, a linear warm-up of `args.warmup_steps` to
     `args.learning_rate`, then a cosine decay to 2% of it at the end of `args.epochs` epochs of
@@ -373,10 +374,11 @@ def fit_plan(args) -> tuple[int, list]:
     if args.time_budget is None:
         return args.epochs, []
     print(f"training for {args.time_budget:g} s (--time-budget): the learning rate warms up "
-          f"over {args.warmup_steps} steps, then decays with the time left; the epoch count "
-          "Keras shows is only an upper bound")
+          f"over {args.warmup_steps} steps, stays at {args.learning_rate:g}, and decays over "
+          f"the last {100 * DECAY_FRACTION:.0f}% of the time; the epoch count Keras shows is "
+          "only an upper bound")
     return MAX_EPOCHS, [time_budget_callback(args.time_budget, args.learning_rate,
-                                             args.warmup_steps)]
+                                             args.warmup_steps, DECAY_FRACTION)]
 
 
 def short_run_note(args, defaults: dict) -> str | None:
