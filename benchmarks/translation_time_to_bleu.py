@@ -116,6 +116,7 @@ def batched(translate_batch, sources, batch_size=256):
 def scorer(data, split: str, translate_fn):
     """`score(model)`: corpus BLEU (0-100, words) and exact match of greedy translations."""
     from keras_attn.metrics import corpus_bleu, exact_match
+    from keras_attn.tokens import UNK
 
     pairs = getattr(data, split)
     sources = [source for source, _ in pairs]
@@ -123,9 +124,11 @@ def scorer(data, split: str, translate_fn):
 
     def score(model):
         predictions = translate_fn(model, sources)
+        words = [word for p in predictions for word in p.split()]
         return {"bleu": 100 * corpus_bleu([p.split() for p in predictions],
                                           [r.split() for r in references]),
-                "exact_match": exact_match(predictions, references)}
+                "exact_match": exact_match(predictions, references),
+                "output_unknown_rate": sum(UNK in w for w in words) / max(len(words), 1)}
 
     return score
 
@@ -201,7 +204,8 @@ def run_keras_attn(example_argv, budgets, split, out):
                         "steps": summary["steps"], **result})
         print(f"  {budget:6.0f} s budget: {summary['trained_s']:6.1f} s trained, "
               f"{summary['steps']} steps, BLEU {result['bleu']:.2f}, exact match "
-              f"{100 * result['exact_match']:.1f}%", flush=True)
+              f"{100 * result['exact_match']:.1f}%, [UNK] in "
+              f"{100 * result['output_unknown_rate']:.2f}% of the output words", flush=True)
     options = {key: getattr(args, key) for key in (
         "batch_size", "learning_rate", "warmup_steps", "label_smoothing", "precision",
         "tokenizer", "vocab_size" if args.tokenizer == "sentencepiece" else "min_freq",

@@ -136,27 +136,19 @@ def raw_sources(args) -> dict[str, str]:
     return sources
 
 
-def translate(model, data, sources: list[str], beam_size: int, return_attention=False):
-    """Decode token-string sources in batches; returns strings (and attention if asked)."""
-    import numpy as np
-
+def translate(model, data, sources: list[str], beam_size: int) -> list[str]:
+    """Decode token-string sources in batches of 256 (greedy when `beam_size` is 1); returns
+    the translations as text (`TranslationData.decode`)."""
     from keras_attn import decoding
 
-    strings, attention = [], []
+    strings = []
     for start in range(0, len(sources), 256):
         ids = data.encode_source(sources[start:start + 256], standardize=False)
         if beam_size == 1:
-            out = decoding.greedy_search(model, ids, data.target_length,
-                                         return_attention=return_attention)
+            tokens = decoding.greedy_search(model, ids, data.target_length)
         else:
-            out = decoding.beam_search(model, ids, data.target_length, beam_size=beam_size,
-                                       return_attention=return_attention)
-        tokens, weights = out if return_attention else (out, None)
+            tokens = decoding.beam_search(model, ids, data.target_length, beam_size=beam_size)
         strings += data.decode(tokens)
-        if return_attention:
-            attention.append(np.asarray(weights))
-    if return_attention:
-        return strings, np.concatenate(attention)
     return strings
 
 
@@ -207,15 +199,28 @@ def draw_attention(model, data, sources: list[str], out_dir: str,
     its single additive-attention distribution. Each figure is titled with the input as written
     (`raw` maps token strings to it) and the prediction.
     """
+    import numpy as np
+
+    from keras_attn import decoding
+    from keras_attn.tokens import EOS_ID, PAD_ID
     from keras_attn.viz import show_heatmaps
 
     raw = raw or {}
-    predictions, weights = translate(model, data, sources, 1, return_attention=True)
+    source_ids = data.encode_source(sources, standardize=False)  # (N, S)
+    output_ids, weights = decoding.greedy_search(model, source_ids, data.target_length,
+                                                 return_attention=True)  # (N, T), (N, T, ...)
+    output_ids, weights = np.asarray(output_ids), np.asarray(weights)
+    predictions = data.decode(output_ids)
+    # The axes show the model's own tokens: words, characters or subword pieces, [UNK] where
+    # the vocabulary does not know a word.
+    source_vocabulary = data.source_vectorizer.get_vocabulary()
+    target_vocabulary = data.target_vectorizer.get_vocabulary()
     paths = []
     for i, (source, prediction, w) in enumerate(zip(sources, predictions, weights)):
-        source_tokens = source.split()
-        output_tokens = (list(prediction) if data.target_joiner == "" else prediction.split())
-        output_tokens = (output_tokens + ["<eos>"])[: w.shape[0]]
+        source_tokens = [source_vocabulary[t] for t in source_ids[i] if t != PAD_ID]
+        ids = output_ids[i].tolist()
+        ids = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
+        output_tokens = ([target_vocabulary[t] for t in ids] + ["<eos>"])[: w.shape[0]]
         steps, keys = len(output_tokens), max(len(source_tokens), 1)
         if w.ndim == 4:  # (T_out, layers, heads, S): last layer, one panel per head
             num_layers = w.shape[1]
