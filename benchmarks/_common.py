@@ -102,3 +102,38 @@ def rss_bytes(pid: int | str = "self", field: str = "VmRSS") -> int:
 
 
 GIB = 1024.0**3
+
+
+def run_measured(cmd: list[str], max_rss_gib: float, time_limit: float) -> dict:
+    """Run `cmd` (a worker printing one JSON line) in a fresh process, polling its RSS.
+
+    Returns:
+        The worker's JSON with `"status": "ok"`, or `{"status": why, "peak": bytes}` when it
+        was killed (RSS past `max_rss_gib`, or past `time_limit` seconds) or failed.
+    """
+    import json
+    import subprocess
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    start, polled_peak, killed = time.monotonic(), 0, None
+    while proc.poll() is None:
+        polled_peak = max(polled_peak, rss_bytes(proc.pid))
+        if polled_peak > max_rss_gib * GIB:
+            killed = f"killed: RSS > {max_rss_gib:g} GiB"
+        elif time.monotonic() - start > time_limit:
+            killed = f"killed: > {time_limit:g} s"
+        if killed:
+            proc.kill()
+            proc.wait()
+            return {"status": killed, "peak": polled_peak}
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (err.strip().splitlines() or ["no output"])[-1][:160]
+        return {"status": f"failed (exit {proc.returncode}): {tail}", "peak": polled_peak}
+    result = json.loads(lines[-1])
+    result["status"] = "ok"
+    return result

@@ -93,7 +93,7 @@ def main() -> None:
     lengths = rng.integers(args.source_length // 2, args.source_length + 1, args.batch_size)
     source = np.where(np.arange(args.source_length) < lengths[:, None], source, 0)
     source = tf.constant(source, tf.int32)
-    never = args.vocab_size  # an end token outside the vocabulary: all tokens get generated
+    never = None  # no end token: every sequence gets all its tokens
 
     def cached():
         return decoding.greedy_search(model, source, args.new_tokens, eos_id=never,

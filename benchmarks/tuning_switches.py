@@ -58,9 +58,11 @@ def builders():
             def step():
                 with tf.GradientTape() as tape:
                     tape.watch([q, k, v])
+                    causal = attn_ops.AttentionMask.build(shape[-2], shape[-2],
+                                                          use_causal_mask=True)
                     out, _ = attn_ops.dot_product_attention(
-                        q, k, v, use_causal_mask=True, implementation=implementation,
-                        return_weights=False, **extra)
+                        q, k, v, causal, implementation=implementation, return_weights=False,
+                        **extra)
                     loss = tf.reduce_sum(out * out)
                 return tape.gradient(loss, [q, k, v])
             return step

@@ -5,11 +5,18 @@ SwiGLU, grouped-query attention) learns the next character of the book, as in d2
 model chapter (letters and spaces, lowercased). The run prints the validation perplexity and
 samples at a few temperatures, and writes to `--out`: `metrics.json`, `history.png` (the loss),
 `attention.png` (the last layer's heads on a sample) and `saved_model/`, a SavedModel whose
-`generate` signature continues prompt strings with TensorFlow alone.
+`generate` signature continues prompt strings with TensorFlow alone; it normalizes a prompt as
+the book was (lowercased, anything but a-z one space), so "The Time Traveller," works.
+
+The book is Project Gutenberg's plain text of The Time Machine (eBook #35, public domain in the
+US): this project's machines keep a copy at ../shared/data/timemachine.txt from the project root
+(the default --data); from a clone elsewhere, --download fetches it from Project Gutenberg, or
+--data reads any plain-text book.
 
     python examples/char_lm.py
+    python examples/char_lm.py --download --out /tmp/char_lm
     python examples/char_lm.py --epochs 2 --out /tmp/char_lm
-    python examples/char_lm.py --data path/to/timemachine.txt --num-layers 4 --embed-dim 256
+    python examples/char_lm.py --data path/to/book.txt --num-layers 4 --embed-dim 256
 """
 
 from __future__ import annotations
@@ -25,47 +32,96 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
                             "shared", "data", "timemachine.txt")
+BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
+# The book's normalization, for training and for the exported signature's prompts: lowercase,
+# then every run of anything but a-z one space.
+NOT_LETTERS = "[^a-z]+"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                     argparse.RawDescriptionHelpFormatter):
+    """Every option's default shown; the epilog's lines kept as written."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="example: python examples/char_lm.py --epochs 2 --out /tmp/char_lm")
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        formatter_class=_HelpFormatter,
+        epilog="the book: Project Gutenberg's The Time Machine (eBook #35, public domain in the "
+               "US),\n  at ../shared/data/timemachine.txt on this project's machines;\n"
+               f"  elsewhere --download fetches it from {BOOK_URL}\n"
+               "examples:\n  python examples/char_lm.py --epochs 2 --out /tmp/char_lm\n"
+               "  python examples/char_lm.py --download --out /tmp/char_lm")
     parser.add_argument("--data", default=os.path.normpath(DEFAULT_DATA),
-                        help="the book as plain text (Project Gutenberg's, licence footer "
-                             "included, is fine)")
+                        help="the book as plain text (a Project Gutenberg file, header and "
+                             "licence footer included, is fine); the default is where this "
+                             "project's machines keep The Time Machine")
+    parser.add_argument("--download", action="store_true",
+                        help=f"instead of --data, fetch The Time Machine from {BOOK_URL} into "
+                             "the Keras cache (~/.keras/datasets) and train on it")
     parser.add_argument("--out", default="runs/char_lm", help="directory for everything the "
                         "run writes")
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--steps-per-epoch", type=int, default=150)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=6, help="training epochs")
+    parser.add_argument("--steps-per-epoch", type=int, default=150,
+                        help="batches per epoch (windows drawn at random from the book)")
+    parser.add_argument("--batch-size", type=int, default=64, help="windows per batch")
     parser.add_argument("--seq-len", type=int, default=64, help="characters per example")
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--embed-dim", type=int, default=128)
-    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=3e-3,
+                        help="AdamW's peak rate, decayed to 0 over the run (cosine)")
+    parser.add_argument("--num-layers", type=int, default=2, help="decoder blocks")
+    parser.add_argument("--embed-dim", type=int, default=128, help="model width")
+    parser.add_argument("--num-heads", type=int, default=4, help="query heads per block")
     parser.add_argument("--num-kv-heads", type=int, default=2,
                         help="key/value heads (grouped-query attention)")
-    parser.add_argument("--ffn-dim", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ffn-dim", type=int, default=256,
+                        help="hidden width of each block's SwiGLU feed-forward network")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the weights, the windows and the samples")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier run's SavedModel in --out")
     return parser.parse_args(argv)
 
 
+def standardize(text: str) -> str:
+    """The book's normalization: lowercased, every run of anything but a-z one space."""
+    return re.sub(NOT_LETTERS, " ", text.lower())
+
+
+def standardize_tf(text):
+    """`standardize` with `tf.strings` ops, for a `(B,)` string tensor: what the exported
+    `generate` signature does to its prompts."""
+    import tensorflow as tf
+
+    return tf.strings.regex_replace(tf.strings.lower(text, encoding="utf-8"), NOT_LETTERS, " ")
+
+
+def book_path(args: argparse.Namespace) -> str:
+    """The book to read: `--data`, or with `--download` Project Gutenberg's copy (cached)."""
+    if not args.download:
+        return args.data
+    if os.path.normpath(args.data) != os.path.normpath(DEFAULT_DATA):
+        raise SystemExit(f"Give --data or --download, not both. Received: --data {args.data}")
+    import keras
+
+    return keras.utils.get_file("timemachine_pg35.txt", origin=BOOK_URL)
+
+
 def read_book(path: str) -> str:
-    """The book as d2l reads it: letters only, lowercased, runs of anything else one space."""
+    """The book as d2l reads it: letters only, lowercased, runs of anything else one space;
+    Project Gutenberg's header and licence footer left out."""
     if not os.path.isfile(path):
         raise SystemExit(
-            f"No text at --data {path!r}. The example reads The Time Machine from the "
-            "project's shared data (../shared/data/timemachine.txt from the project root); pass "
-            "--data with any plain-text book.")
+            f"No text at --data {path!r}. The example reads The Time Machine (Project "
+            "Gutenberg eBook #35): this project's machines keep it at "
+            "../shared/data/timemachine.txt from the project root; elsewhere pass --download "
+            f"to fetch it from {BOOK_URL}, or --data with any plain-text book.")
     with open(path, encoding="utf-8-sig") as file:
         text = file.read()
+    start = text.find("*** START OF")  # Project Gutenberg's header, up to that line's end
+    text = text[text.find("\n", start) + 1:] if start >= 0 else text
     end = text.find("*** END OF")  # Project Gutenberg's licence footer
     text = text[:end] if end >= 0 else text
-    return re.sub("[^a-z]+", " ", text.lower()).strip()
+    return standardize(text).strip()
 
 
 def main(argv=None) -> dict:
@@ -91,7 +147,7 @@ def main(argv=None) -> dict:
     from keras_attn.viz import plot_history, show_heatmaps
 
     keras.utils.set_random_seed(args.seed)
-    text = read_book(args.data)
+    text = read_book(book_path(args))
     vocabulary = list(RESERVED_TOKENS) + sorted(set(text))
     index = {c: i for i, c in enumerate(vocabulary)}
     ids = np.array([index[c] for c in text], "int32")
@@ -163,15 +219,40 @@ def main(argv=None) -> dict:
                   yticklabels=labels)
     if args.overwrite:
         clear_export_dir(export_dir)
-    export_generator(model, vocabulary, export_dir, max_length=128)
+    export_generator(model, vocabulary, export_dir, max_length=128, standardize=standardize_tf)
+    served = serve(export_dir)
     metrics = {"validation_perplexity": perplexity, "validation_loss": val_loss,
                "train_loss": float(history.history["loss"][-1]),
                "training_seconds": seconds, "samples": samples,
-               "parameters": int(model.count_params()), "saved_model": export_dir}
+               "parameters": int(model.count_params()), "saved_model": export_dir,
+               "served": served}
     with open(os.path.join(args.out, "metrics.json"), "w") as file:
         json.dump(metrics, file, indent=2)
     print(f"\nwrote {args.out}/metrics.json, history.png, attention.png and saved_model/")
     return metrics
+
+
+SERVED_PROMPTS = ("The Time Traveller, ", "It was")
+
+
+def serve(export_dir: str) -> dict:
+    """Reload the SavedModel and continue `SERVED_PROMPTS` (greedy, 40 new characters) through
+    its `generate` signature, as a consumer with TensorFlow alone would; prints and returns what
+    the model read (`context`) and wrote (`text`)."""
+    import tensorflow as tf
+
+    generator = tf.saved_model.load(export_dir)
+    out = generator.signatures["generate"](
+        prompt=tf.constant(SERVED_PROMPTS), max_new_tokens=tf.constant(40),
+        temperature=tf.constant(0.0), top_k=tf.constant(0), top_p=tf.constant(1.0),
+        seed=tf.constant(0))
+    served = {"prompt": list(SERVED_PROMPTS),
+              "context": [c.decode() for c in out["context"].numpy()],
+              "text": [t.decode() for t in out["text"].numpy()]}
+    print("\nthe exported `generate` signature, served with TensorFlow alone (greedy):")
+    for prompt, context, text in zip(*served.values()):
+        print(f"  {prompt!r} -> read as {context!r}, continued: {text!r}")
+    return served
 
 
 if __name__ == "__main__":

@@ -9,3 +9,12 @@ __version__ = "0.1.0"
 
 from keras_attn import decoding, layers, metrics, models, ops  # noqa: F401
 from keras_attn.layers import *
+from keras_attn.models import (  # noqa: F401 - the stacks, here as before
+    BahdanauDecoder,
+    BahdanauEncoder,
+    CMLMDecoder,
+    LengthPredictor,
+    TransformerDecoder,
+    TransformerDecoderOnly,
+    TransformerEncoder,
+)

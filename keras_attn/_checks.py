@@ -26,6 +26,13 @@ def check_int(name: str, value, minimum: int = 1, allow_none: bool = False) -> N
         _fail(name, expected, value)
 
 
+def as_int(name: str, value, minimum: int = 1, allow_none: bool = False) -> int | None:
+    """`value` as a Python int (NumPy integers included) after `check_int`, so that it never
+    reaches a Keras layer, which takes Python ints only."""
+    check_int(name, value, minimum, allow_none)
+    return None if value is None else int(value)
+
+
 def check_positive_int(name: str, value, allow_none: bool = False) -> None:
     """Raise unless `value` is a positive integer (or None when `allow_none`)."""
     check_int(name, value, 1, allow_none)

@@ -12,26 +12,41 @@ Keras:
         temperature=tf.constant(0.8), top_k=tf.constant(0), top_p=tf.constant(0.9),
         seed=tf.constant(7))["text"]
 
-Signature `generate`: `prompt` tf.string `[None]`, `max_new_tokens` int32 `[]`, `temperature`
-float32 `[]` (0 = greedy), `top_k` int32 `[]` (0 = all tokens), `top_p` float32 `[]` (1 = all),
-`seed` int32 `[]` → `text` tf.string `[None]` (the continuation, up to `<eos>`), `truncated`
-bool `[None]` (the prompt was longer than the context and only its end was kept).
+Signature `generate`: `prompt` tf.string `[None]`, `max_new_tokens` int32 `[]` (at least 1;
+`2**31 - 1` = as many as fit), `temperature` float32 `[]` (0 = greedy), `top_k` int32 `[]`
+(0 = all tokens), `top_p` float32 `[]` (1 = all), `seed` int32 `[]` → `text` tf.string `[None]`
+(the continuation, up to `<eos>`), `truncated` bool `[None]` (the prompt's beginning was cut,
+see below), `context` tf.string `[None]` (the prompt as the model read it: standardized,
+unknown tokens as `[UNK]`, only its kept end when truncated).
+
+The `max_length` positions hold `<bos>`, the prompt and the continuation. A prompt keeps its
+most recent tokens, as many as leave room for `max_new_tokens` new ones, but at least half of
+the positions: at most `max_length - 1 - min(max_new_tokens, (max_length - 1) // 2)` tokens.
+A longer prompt loses its beginning and says so in `truncated`.
+
+A setting out of range (a NaN or negative `temperature`, `top_p` outside (0, 1], a negative
+`top_k` or `seed`, `max_new_tokens` below 1) fails the call with
+`tf.errors.InvalidArgumentError` naming it; it is never replaced (`keras_attn.decoding.checks`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
 
 from keras_attn import decoding
 from keras_attn._checks import check_int, check_one_of
+from keras_attn.decoding import checks
 from keras_attn.tokens import BOS_ID, FIRST_WORD_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
 
 SPLITS = ("chars", "whitespace")
 
 
 def make_generate_fn(model, vocabulary: list[str], max_length: int, split: str = "chars",
-                     lowercase: bool = False):
+                     lowercase: bool = False,
+                     standardize: Callable[[tf.Tensor], tf.Tensor] | None = None):
     """The graph function of the `generate` signature (arguments of `export_generator`)."""
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(tf.constant(list(vocabulary)),
@@ -39,35 +54,43 @@ def make_generate_fn(model, vocabulary: list[str], max_length: int, split: str =
         default_value=UNK_ID)
     words = tf.constant(list(vocabulary))
     joiner = "" if split == "chars" else " "
-    context = max_length - 1  # prompt tokens (with <bos>) that fit before one new token
 
     def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed):
+        settings = checks.settings(
+            caps={"max_new_tokens": max_length}, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         text = tf.strings.lower(prompt, encoding="utf-8") if lowercase else prompt
+        text = standardize(text) if standardize is not None else text
         pieces = (tf.strings.unicode_split(text, "UTF-8") if split == "chars"
                   else tf.strings.split(text))  # ragged (B, None) strings
         ids = table.lookup(pieces)  # ragged int32
-        truncated = ids.row_lengths() > context - 1
-        ids = ids[:, -(context - 1):]  # the end of a long prompt
+        # Room for the new tokens, at most half the positions; the rest holds <bos> and the
+        # most recent prompt tokens.
+        room = tf.minimum(settings["max_new_tokens"], (max_length - 1) // 2)
+        kept = max_length - 1 - room  # >= 1
+        truncated = ids.row_lengths() > tf.cast(kept, tf.int64)
+        ids = ids[:, -kept:]  # the end of a long prompt
+        context = tf.strings.reduce_join(tf.gather(words, ids), axis=-1, separator=joiner)
         bos = tf.fill([tf.shape(prompt)[0], 1], tf.constant(BOS_ID, tf.int32))
         prompt_ids = tf.concat([bos, ids.to_tensor(default_value=PAD_ID)], axis=1)  # (B, P)
         lengths = tf.reduce_sum(tf.cast(prompt_ids != PAD_ID, tf.int32), axis=1)  # (B,)
         tokens = decoding.generate(
-            model, prompt_ids, max_length, max_new_tokens=max_new_tokens, strategy="sample",
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)  # (B, L)
+            model, prompt_ids, max_length, strategy="sample", **settings)  # (B, L)
         positions = tf.range(max_length)[None, :]
         new = tf.logical_and(positions >= lengths[:, None], tokens >= FIRST_WORD_ID)
         new = tf.logical_or(new, tf.logical_and(positions >= lengths[:, None],
                                                 tokens == UNK_ID))
         pieces = tf.ragged.boolean_mask(tf.gather(words, tokens), new)
         return {"text": tf.strings.reduce_join(pieces, axis=-1, separator=joiner),
-                "truncated": truncated}
+                "truncated": truncated, "context": context}
 
     generate.table = table  # a resource the SavedModel must track
     return generate
 
 
 def export_generator(model, vocabulary: list[str], path: str, max_length: int,
-                     split: str = "chars", lowercase: bool = False) -> str:
+                     split: str = "chars", lowercase: bool = False,
+                     standardize: Callable[[tf.Tensor], tf.Tensor] | None = None) -> str:
     """Write a SavedModel with a raw-string `generate` signature (module docstring).
 
     Args:
@@ -80,9 +103,18 @@ def export_generator(model, vocabulary: list[str], path: str, max_length: int,
             Defaults to `"chars"`.
         lowercase: bool, lowercase the prompt first (as the training text was).
             Defaults to `False`.
+        standardize: optional function of a `(B,)` string tensor written with `tf.strings`
+            ops, run on the prompts (after `lowercase`) before they are split: the
+            normalization the training text had, e.g. letters only, as
+            `examples/char_lm.py` trains. Defaults to `None` (the prompt as written).
 
     Returns:
         `path`.
+
+    Example:
+    >>> export_generator(model, vocabulary, "runs/lm/saved_model", max_length=128,
+    ...                  standardize=lambda s: tf.strings.regex_replace(
+    ...                      tf.strings.lower(s), "[^a-z]+", " "))
     """
     check_int("max_length", max_length, 3)
     check_one_of("split", split, SPLITS)
@@ -92,7 +124,7 @@ def export_generator(model, vocabulary: list[str], path: str, max_length: int,
             f"Argument `vocabulary` must start with the reserved tokens {RESERVED_TOKENS}. "
             f"Received: vocabulary[:4]={vocabulary[:4]}"
         )
-    generate = make_generate_fn(model, vocabulary, max_length, split, lowercase)
+    generate = make_generate_fn(model, vocabulary, max_length, split, lowercase, standardize)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(generate.table)

@@ -13,6 +13,18 @@ def examples(count: int) -> int:
     return count if keras.backend.backend() == "tensorflow" else max(5, count // 4)
 
 
+def rand(*shape, scale=1.0) -> np.ndarray:
+    """Standard normal float32 numbers (NumPy's global generator, which `conftest.py` seeds
+    before every test, so each test sees the same numbers however the tests are split)."""
+    return (scale * np.random.standard_normal(shape)).astype("float32")
+
+
+def dense_weights(dense) -> tuple:
+    """A built `keras.layers.Dense`'s `(kernel, bias)` as NumPy arrays (bias None without)."""
+    bias = None if dense.bias is None else to_np(dense.bias)
+    return to_np(dense.kernel), bias
+
+
 def dtype_of(x) -> str:
     """A tensor's dtype as Keras names it ("float32"); torch dtypes do not compare to strings."""
     return keras.backend.standardize_dtype(x.dtype)
@@ -116,3 +128,20 @@ def layer_value_and_grads(layer, inputs: list, cotangent, **call_kwargs):
 
     arrays = list(inputs) + [keras.ops.convert_to_numpy(t) for t in trainable]
     return value_and_grads(fn, arrays, cotangent)
+
+
+def call_traced(fn, *inputs):
+    """`fn(*inputs)` with the inputs' values unknown while `fn` is traced: inside a
+    `tf.function` on TensorFlow, a `jax.jit` on JAX; torch has no graph, so it runs `fn`
+    eagerly. Checks of values must then happen in the compiled program itself."""
+    backend = keras.backend.backend()
+    inputs = [keras.ops.convert_to_tensor(x) for x in inputs]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)(*inputs)
+    if backend == "jax":
+        import jax
+
+        return jax.jit(fn)(*inputs)
+    return fn(*inputs)

@@ -9,6 +9,8 @@ import keras
 import numpy as np
 import pytest
 
+np.random.seed(1234)  # module-level test data (drawn at collection) is the same on every run
+
 
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():

@@ -129,3 +129,24 @@ def run_layer_test(
             mixed = layer_cls(**init_kwargs, dtype=policy)
             _finite_training_step(mixed, inputs, call_kwargs)
     return eager
+
+
+def build_alike(layers, *inputs, **call):
+    """Build every layer on `inputs` and give all of them the first one's weights."""
+    for layer in layers:
+        layer(*inputs, **call)
+    for layer in layers[1:]:
+        layer.set_weights(layers[0].get_weights())
+
+
+def assert_same_values_and_gradients(layers, inputs: list, cotangent, atol=1e-5,
+                                     grad_atol=1e-4, **call_kwargs):
+    """Layers with the same weights (e.g. one per kernel) give the first one's outputs and
+    gradients (inputs, then weights); returns each layer's `(outputs, gradients)`."""
+    results = [layer_value_and_grads(layer, inputs, cotangent, **call_kwargs)
+               for layer in layers]
+    for out, grads in results[1:]:
+        np.testing.assert_allclose(out, results[0][0], atol=atol)
+        for got, want in zip(grads, results[0][1]):
+            np.testing.assert_allclose(got, want, atol=grad_atol)
+    return results

@@ -34,6 +34,7 @@ __all__ = [
     "attention_grads",
     "band_mask",
     "causal_mask",
+    "combined_mask",
     "gated_ffn",
     "gelu",
     "gnmt_length_penalty",
@@ -41,12 +42,20 @@ __all__ = [
     "keras_sliding_window_mask",
     "layer_norm",
     "length_mask",
+    "linear_attention",
+    "local_band",
+    "masked_softmax",
+    "multi_head_attention",
+    "pretrained_transformer",
     "rms_norm",
     "rope",
+    "rope_frequencies",
     "rope_interleaved",
     "sampling_distribution",
+    "sum_to_shape",
     "t5_bias",
     "t5_relative_position_bucket",
+    "torch_multihead_attention",
 ]
 
 
@@ -59,7 +68,7 @@ def _f64(x):
     return np.asarray(x, dtype=np.float64)
 
 
-def _sum_to_shape(x, shape):
+def sum_to_shape(x, shape):
     """Sums ``x`` over the axes that broadcasting added or stretched, back to ``shape``."""
     shape = tuple(shape)
     x = np.sum(x, axis=tuple(range(x.ndim - len(shape)))) if x.ndim > len(shape) else x
@@ -158,13 +167,115 @@ def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None):
     dv = _masked_matmul(np.swapaxes(p, -1, -2), d_out, mask_t)
     dq = scale * _masked_matmul(ds, k, mask)
     dk = scale * _masked_matmul(np.swapaxes(ds, -1, -2), q, mask_t)
-    dbias = ds if bias is None else _sum_to_shape(ds, bias.shape)
+    dbias = ds if bias is None else sum_to_shape(ds, bias.shape)
     return (
-        _sum_to_shape(dq, q.shape),
-        _sum_to_shape(dk, k.shape),
-        _sum_to_shape(dv, v.shape),
+        sum_to_shape(dq, q.shape),
+        sum_to_shape(dk, k.shape),
+        sum_to_shape(dv, v.shape),
         dbias,
     )
+
+
+def masked_softmax(scores, mask=None):
+    """Softmax over the last axis restricted to ``mask`` (True = keep); rows with no True
+    give zeros, never NaN."""
+    scores = _f64(scores)
+    eye = np.eye(scores.shape[-1])
+    return _attention_weights(scores, eye, np.broadcast_to(
+        True if mask is None else np.asarray(mask, bool), scores.shape), None, 1.0)
+
+
+def multi_head_attention(query, key, value, weights, num_heads, mask=None, num_kv_heads=None):
+    """Multi-head attention from the formula, one head at a time: ``h_i = attention(q W_i^q,
+    k W_i^k, v W_i^v)``, ``out = [h_1 .. h_H] W_o``.
+
+    Args:
+        query ``(B, T, dq)``, key ``(B, S, dk)``, value ``(B, S, dv)``.
+        weights: dict of ``(kernel, bias)`` pairs under ``"query"``, ``"key"``, ``"value"``,
+            ``"output"`` (bias None for none); kernels ``(in, units)`` as ``x @ kernel``.
+        num_heads: ``H``; ``num_kv_heads`` key/value heads, each serving ``H / num_kv_heads``
+            consecutive query heads (grouped-query attention). Defaults to ``H``.
+        mask: bool broadcastable to ``(B, T, S)`` (or ``(B, H, T, S)``).
+
+    Returns:
+        ``(outputs (B, T, units_out), weights (B, H, T, S))``.
+    """
+    def dense(name, x):
+        kernel, bias = weights[name]
+        return _f64(x) @ _f64(kernel) + (0.0 if bias is None else _f64(bias))
+
+    num_kv_heads = num_kv_heads or num_heads
+    q, k, v = dense("query", query), dense("key", key), dense("value", value)
+    dk, dv = q.shape[-1] // num_heads, v.shape[-1] // num_kv_heads
+    group = num_heads // num_kv_heads
+    if mask is not None:
+        mask = np.asarray(mask, bool)
+        mask = mask[:, None] if mask.ndim == 3 else mask  # (B, 1 | H, T, S)
+    heads, all_weights = [], []
+    for h in range(num_heads):
+        kv = h // group
+        head_mask = None if mask is None else mask[:, h if mask.shape[1] > 1 else 0]
+        out, w = attention(q[..., h * dk:(h + 1) * dk], k[..., kv * dk:(kv + 1) * dk],
+                           v[..., kv * dv:(kv + 1) * dv], head_mask)
+        heads.append(out)
+        all_weights.append(w)
+    return dense("output", np.concatenate(heads, -1)), np.stack(all_weights, 1)
+
+
+def torch_multihead_attention(state_dict, q, k, v, num_heads, key_padding_mask=None,
+                              add_zero_attn=False):
+    """``torch.nn.MultiheadAttention``'s documented forward (``batch_first``): ``state_dict``
+    as ``module.state_dict()`` gives it (NumPy arrays), ``key_padding_mask`` ``(B, S)`` True
+    where a key is padding (torch's sense)."""
+    sd = {name: _f64(value) for name, value in state_dict.items()}
+    e = sd["out_proj.weight"].shape[0]
+    if "in_proj_weight" in sd:
+        wq, wk, wv = np.split(sd["in_proj_weight"], 3)
+    else:
+        wq, wk, wv = sd["q_proj_weight"], sd["k_proj_weight"], sd["v_proj_weight"]
+    bq, bk, bv = np.split(sd.get("in_proj_bias", np.zeros(3 * e)), 3)
+    qp, kp, vp = _f64(q) @ wq.T + bq, _f64(k) @ wk.T + bk, _f64(v) @ wv.T + bv
+    allowed = np.ones(kp.shape[:2], bool) if key_padding_mask is None else ~np.asarray(
+        key_padding_mask, bool)
+    extras = []
+    if "bias_k" in sd:
+        extras.append((sd["bias_k"].reshape(1, 1, e), sd["bias_v"].reshape(1, 1, e)))
+    if add_zero_attn:
+        extras.append((np.zeros((1, 1, e)), np.zeros((1, 1, e))))
+    for extra_k, extra_v in extras:
+        b = qp.shape[0]
+        kp = np.concatenate([kp, np.broadcast_to(extra_k, (b, 1, e))], 1)
+        vp = np.concatenate([vp, np.broadcast_to(extra_v, (b, 1, e))], 1)
+        allowed = np.concatenate([allowed, np.ones((b, 1), bool)], 1)
+    hd = e // num_heads
+
+    def split(x):
+        return x.reshape(x.shape[0], x.shape[1], num_heads, hd).transpose(0, 2, 1, 3)
+
+    ctx, _ = attention(split(qp), split(kp), split(vp), allowed[:, None, None, :])
+    ctx = ctx.transpose(0, 2, 1, 3).reshape(qp.shape[0], qp.shape[1], e)
+    return ctx @ sd["out_proj.weight"].T + sd.get("out_proj.bias", 0.0)
+
+
+def linear_attention(q, k, v, key_mask=None, causal=False):
+    """Linear attention (Katharopoulos et al., 2020) written as an explicit ``(T, S)`` form:
+    ``A = φ(Q) φ(K)ᵀ ∘ M`` with ``φ(x) = elu(x) + 1``, ``out = A V / A 1`` (0 where
+    ``A 1 = 0``). q ``(B, H, T, d)``, k ``(B, H, S, d)``, v ``(B, H, S, dv)``, key_mask
+    ``(B, S)``."""
+    def phi(x):
+        x = _f64(x)
+        return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
+    t, s = q.shape[-2], k.shape[-2]
+    scores = np.einsum("bhtd,bhsd->bhts", phi(q), phi(k))
+    mask = np.ones((q.shape[0], 1, t, s), bool)
+    if key_mask is not None:
+        mask &= np.asarray(key_mask, bool)[:, None, None, :]
+    if causal:
+        mask &= np.tril(np.ones((t, s), bool))
+    scores = np.where(mask, scores, 0.0)
+    norm = scores.sum(-1, keepdims=True)
+    return np.where(norm > 0, scores @ _f64(v) / np.where(norm > 0, norm, 1), 0.0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -214,6 +325,41 @@ def keras_sliding_window_mask(T, S, sliding_window):
     i = np.arange(T)[:, None]
     j = np.arange(S)[None, :]
     return np.abs(i - j) < sliding_window
+
+
+def local_band(T, S, window, causal=False, num_global=0, offset=0):
+    """``(T, S)`` sliding-window band, one entry at a time from the definition: the query at
+    ``p = i + offset`` sees key j when ``|p - j| <= window``, or when p or j is one of the
+    first ``num_global`` (global) positions; ``causal`` hides every ``j > p``."""
+    mask = np.zeros((T, S), bool)
+    for i in range(T):
+        p = i + offset
+        for j in range(S):
+            near = abs(p - j) <= window
+            glob = num_global > 0 and (p < num_global or j < num_global)
+            mask[i, j] = (near or glob) and (not causal or j <= p)
+    return mask
+
+
+def combined_mask(batch, T, S, lens=None, causal=False, offset=0, window=None, num_global=0,
+                  dense=None, query_valid=None, key_valid=None):
+    """``(B, T, S)``: every way a mask comes in, ANDed (``keras_attn.ops.AttentionMask``'s
+    parts): lengths, causality, a window with global tokens, a dense block, query and key
+    padding."""
+    allowed = np.ones((batch, T, S), bool)
+    if lens is not None:
+        allowed &= length_mask(np.asarray(lens), T, S)
+    if causal:
+        allowed &= causal_mask(T, S, offset)
+    if window is not None:
+        allowed &= local_band(T, S, window, False, num_global, offset)
+    if dense is not None:
+        allowed &= np.broadcast_to(dense, allowed.shape)
+    if query_valid is not None:
+        allowed &= np.asarray(query_valid, bool)[:, :, None]
+    if key_valid is not None:
+        allowed &= np.asarray(key_valid, bool)[:, None, :]
+    return allowed
 
 
 # ---------------------------------------------------------------------------------------
@@ -504,3 +650,107 @@ def sampling_distribution(logits, temperature=1.0, top_k=None, top_p=None):
 def gnmt_length_penalty(length, alpha):
     """GNMT length penalty (Wu et al., 2016): ``((5 + length) / 6) ** alpha``."""
     return ((5.0 + _f64(length)) / 6.0) ** alpha
+
+
+# ---------------------------------------------------------------------------------------
+# Pretrained Transformers (keras_attn.checkpoints' canonical weights)
+# ---------------------------------------------------------------------------------------
+
+
+def _spec_activation(name):
+    return {"silu": lambda z: z / (1.0 + np.exp(-z)), "relu": lambda z: np.maximum(z, 0.0),
+            "gelu": gelu, "gelu_tanh": lambda z: gelu(z, approximate=True)}[name]
+
+
+def _canonical_norm(x, weights, prefix, spec, epsilon=None):
+    epsilon = spec.norm_eps if epsilon is None else epsilon
+    if spec.norm == "rms":
+        return rms_norm(x, weights[f"{prefix}/scale"], epsilon)
+    return layer_norm(x, weights[f"{prefix}/scale"], weights[f"{prefix}/offset"], epsilon)
+
+
+def _dense(x, weights, prefix):
+    out = x @ _f64(weights[f"{prefix}/kernel"])
+    bias = weights.get(f"{prefix}/bias")
+    return out if bias is None else out + _f64(bias)
+
+
+def rope_frequencies(x, positions, inv_freq):
+    """Rotary embedding, "rotate half" layout, with explicit inverse frequencies
+    ``(d/2,)``: ``rope(x, positions, w, s)`` is ``inv_freq = w^(-2i/d) / s``."""
+    x = _f64(x)
+    theta = _f64(positions)[..., None] * _f64(inv_freq)
+    cos, sin = np.cos(theta), np.sin(theta)
+    x1, x2 = np.split(x, 2, axis=-1)
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def pretrained_transformer(spec, weights, ids, token_type_ids=None, padding_mask=None):
+    """The outputs of a pretrained Transformer from its canonical weights and spec, as
+    ``keras_attn.checkpoints.canonical`` documents them (the formulas of its table).
+
+    ids ``(B, T)``; token_type_ids ``(B, T)`` (default zeros); padding_mask ``(B, T)`` bool,
+    True = a real token (padded keys are masked; default all real). Positions count from 0.
+    Returns the logits ``(B, T, V)`` of a ``causal_lm`` or ``masked_lm`` spec, and for an
+    ``encoder`` the pair ``(hidden (B, T, D), pooled (B, D) or None)``.
+    """
+    ids = np.asarray(ids)
+    B, T = ids.shape
+    positions = np.arange(T)
+    x = _f64(weights["token_embedding/embeddings"])[ids]
+    if spec.position == "learned":
+        x = x + _f64(weights["position_embedding/embeddings"])[positions]
+    if spec.type_vocab_size:
+        types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids)
+        x = x + _f64(weights["token_type_embedding/embeddings"])[types]
+    if spec.embedding_norm:
+        x = _canonical_norm(x, weights, "embedding_norm", spec)
+    mask = np.ones((T, T), dtype=bool)
+    if spec.causal:
+        mask &= causal_mask(T, T)
+    if spec.sliding_window is not None:
+        mask &= positions[:, None] - positions[None, :] < spec.sliding_window
+    mask = np.broadcast_to(mask, (B, 1, 1, T, T))
+    if padding_mask is not None:
+        mask = mask & np.asarray(padding_mask, dtype=bool)[:, None, None, None, :]
+    groups = spec.num_heads // spec.num_kv_heads
+    act = _spec_activation(spec.activation)
+    for i in range(spec.num_layers):
+        p = f"layers/{i}"
+        h = _canonical_norm(x, weights, f"{p}/attention_norm", spec) if spec.norm_first else x
+        q = _dense(h, weights, f"{p}/attention/query").reshape(
+            B, T, spec.num_kv_heads, groups, spec.head_dim).transpose(0, 2, 3, 1, 4)
+        k, v = (_dense(h, weights, f"{p}/attention/{name}").reshape(
+            B, T, spec.num_kv_heads, 1, spec.head_dim).transpose(0, 2, 3, 1, 4)
+            for name in ("key", "value"))  # (B, K, 1, T, d)
+        if spec.position == "rope":
+            inv_freq = spec.rope_inverse_frequencies()
+            q = rope_frequencies(q, positions, inv_freq)
+            k = rope_frequencies(k, positions, inv_freq)
+        context, _ = attention(q, k, v, mask)  # (B, K, G, T, d)
+        context = context.transpose(0, 3, 1, 2, 4).reshape(B, T, spec.num_heads * spec.head_dim)
+        out = _dense(context, weights, f"{p}/attention/output")
+        if spec.norm_first:
+            x = x + out
+            h = _canonical_norm(x, weights, f"{p}/ffn_norm", spec)
+        else:
+            x = h = _canonical_norm(x + out, weights, f"{p}/attention_norm", spec)
+        if spec.gated_ffn:
+            inner = act(_dense(h, weights, f"{p}/ffn/gate")) * _dense(h, weights, f"{p}/ffn/hidden")
+        else:
+            inner = act(_dense(h, weights, f"{p}/ffn/hidden"))
+        out = _dense(inner, weights, f"{p}/ffn/output")
+        x = x + out if spec.norm_first else _canonical_norm(x + out, weights, f"{p}/ffn_norm", spec)
+    if spec.final_norm:
+        x = _canonical_norm(x, weights, "final_norm", spec)
+    embedding_t = _f64(weights["token_embedding/embeddings"]).T
+    if spec.task == "causal_lm":
+        return x @ _f64(weights.get("lm_head/kernel", embedding_t))
+    if spec.task == "masked_lm":
+        t = _spec_activation(spec.head_activation)(_dense(x, weights, "mlm_head/dense"))
+        t = layer_norm(t, weights["mlm_head/norm/scale"], weights["mlm_head/norm/offset"],
+                       spec.head_norm_eps)
+        return t @ _f64(weights.get("mlm_head/decoder/kernel", embedding_t)) + _f64(
+            weights["mlm_head/bias"])
+    pooled = np.tanh(_dense(x[:, 0], weights, "pooler")) if spec.pooler else None
+    return x, pooled

@@ -7,9 +7,9 @@ import tensorflow as tf
 from backend_utils import as_np, assert_allclose, assert_array_equal, dtype_of
 
 from keras_attn import decoding
-from keras_attn.layers import BahdanauCell, BahdanauDecoder, BahdanauEncoder
+from keras_attn.layers import BahdanauCell
 from keras_attn.metrics import MaskedAccuracy, MaskedSequenceLoss
-from keras_attn.models import bahdanau_seq2seq
+from keras_attn.models import BahdanauDecoder, BahdanauEncoder, bahdanau_seq2seq
 
 SOURCE = np.array([[5, 6, 7, 8, 9], [10, 11, 0, 0, 0], [4, 12, 13, 0, 0]], "int32")
 TARGET_IN = np.array([[2, 6, 7, 8], [2, 9, 3, 0], [2, 10, 11, 12]], "int32")

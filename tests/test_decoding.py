@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from backend_utils import call_traced
 
 from keras_attn import decoding
 from keras_attn.models import transformer_seq2seq
@@ -421,3 +422,67 @@ def test_model_without_the_contract_is_refused():
     plain = keras.Model(inputs, keras.layers.Embedding(5, 3, name="decoder")(inputs))
     with pytest.raises(ValueError, match="encoder"):
         decoding.greedy_search(plain, SOURCE, 3)
+
+
+# ---- hostile inputs --------------------------------------------------------------------------
+
+
+def test_sample_takes_tensor_settings_and_checks_their_values():
+    """`sample` refused every tensor setting; now it takes them (as a SavedModel input would
+    be) and checks their values: eagerly a ValueError, in a compiled function a failed call."""
+    model, _ = markov_model()
+    python = {"temperature": 0.8, "top_k": 4, "top_p": 0.9, "seed": 5}
+    expected = to_np(decoding.sample(model, SOURCE, 6, **python))
+    tensors = {name: keras.ops.convert_to_tensor(value) for name, value in python.items()}
+    np.testing.assert_array_equal(to_np(decoding.sample(model, SOURCE, 6, **tensors)), expected)
+    traced = call_traced(lambda t, k, p, s: decoding.sample(
+        model, SOURCE, 6, temperature=t, top_k=k, top_p=p, seed=s), *python.values())
+    np.testing.assert_array_equal(to_np(traced), expected)
+    for name, value in (("temperature", float("nan")), ("temperature", -1.0),
+                        ("top_p", float("nan")), ("top_k", -3), ("seed", -2)):
+        tensor = keras.ops.convert_to_tensor(value)
+        with pytest.raises(ValueError, match=f"argument `{name}`"):
+            decoding.sample(model, SOURCE, 6, **{name: tensor})
+        with pytest.raises(Exception, match=f"argument `{name}`"):
+            call_traced(lambda v, name=name: decoding.sample(model, SOURCE, 6, **{name: v}),
+                        tensor)
+
+
+@pytest.mark.parametrize("search", [decoding.greedy_search, decoding.beam_search,
+                                    decoding.sample])
+def test_end_tokens_the_model_cannot_emit_are_refused_and_none_runs_to_max_length(search):
+    """An eos_id past the vocabulary (7 tokens here) ran every sequence to max_length; say so
+    with eos_id=None instead."""
+    model, _ = markov_model()
+    for eos_id in (7, 0, BOS):
+        with pytest.raises(ValueError, match="Received: eos_id="):
+            search(model, SOURCE, 6, eos_id=eos_id)
+    tokens = to_np(search(model, SOURCE, 6, eos_id=None))
+    assert tokens.shape == (4, 6) and np.all(tokens > 0) and np.any(tokens == EOS)
+
+
+def test_source_ids_past_the_vocabulary_and_int32_lengths_are_refused():
+    model = varied_transformer()  # source vocabulary: 15
+    with pytest.raises(ValueError, match="argument `source_ids`"):
+        decoding.greedy_search(model, [[4, 15, 0]], 5)
+    with pytest.raises(ValueError, match="argument `source_ids`"):
+        decoding.beam_search(model, [[4, -1, 0]], 5)
+    with pytest.raises(Exception, match="source_ids"):
+        call_traced(lambda s: decoding.greedy_search(model, s, 5),
+                    np.array([[4, 15, 0]], "int32"))
+    with pytest.raises(ValueError, match="argument `max_length`"):
+        decoding.greedy_search(model, T_SOURCE, 2**31)
+
+
+def test_mask_predict_refuses_source_ids_past_the_vocabulary():
+    from keras_attn.models import nat_seq2seq
+
+    model = nat_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=16,
+                        max_target_length=5)
+    tokens, _ = decoding.mask_predict(model, [[4, 11, 0]], iterations=2)
+    assert to_np(tokens).shape == (1, 5)
+    for source in ([[4, 12, 0]], [[4, -3, 0]]):
+        with pytest.raises(ValueError, match="argument `source_ids`"):
+            decoding.mask_predict(model, source, iterations=2)
+    with pytest.raises(ValueError, match="source_ids"):
+        decoding.mask_predict(model, [4, 5], iterations=2)

@@ -1,5 +1,5 @@
-"""examples/char_lm.py: a short run end to end, the missing-data message, and (slow) the
-default run's quality."""
+"""examples/char_lm.py: a short run end to end (its SavedModel reads prompts as the book was
+normalized), `--help`, the missing-data messages, and (slow) the default run's quality."""
 
 import json
 import os
@@ -32,11 +32,43 @@ def test_a_short_run_writes_everything(tmp_path):
     assert set(saved["samples"]) == {"0.0", "0.6", "1.0"}
     with pytest.raises(SystemExit, match="overwrite"):  # never silently over an earlier run
         char_lm.main(["--out", str(out), "--epochs", "1", "--steps-per-epoch", "1"])
+    # The exported signature lowercases and keeps letters only, as the book was read: "The"
+    # reached the model as "[UNK]he".
+    assert saved["served"]["context"] == ["the time traveller ", "it was"]
+    import tensorflow as tf
+
+    generate = tf.saved_model.load(str(out / "saved_model")).signatures["generate"]
+    result = generate(prompt=tf.constant(["The Time Traveller, ", "the time traveller "]),
+                      max_new_tokens=tf.constant(12), temperature=tf.constant(0.0),
+                      top_k=tf.constant(0), top_p=tf.constant(1.0), seed=tf.constant(0))
+    assert [c.decode() for c in result["context"].numpy()] == ["the time traveller "] * 2
+    texts = [t.decode() for t in result["text"].numpy()]
+    assert texts[0] == texts[1] == saved["served"]["text"][0][:12]
 
 
-def test_a_missing_book_says_where_it_looked(tmp_path):
-    with pytest.raises(SystemExit, match="No text at --data"):
+def test_a_missing_book_says_where_it_looked_and_where_to_get_it(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="No text at --data.*--download"):
         char_lm.main(["--data", str(tmp_path / "nothing.txt"), "--out", str(tmp_path / "o")])
+    # A clone without the shared data: the default names --download too.
+    monkeypatch.setattr(char_lm, "DEFAULT_DATA", str(tmp_path / "shared" / "timemachine.txt"))
+    with pytest.raises(SystemExit, match="gutenberg.org.*--data|--download"):
+        char_lm.main(["--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="not both"):  # never downloads: refused first
+        char_lm.main(["--download", "--data", str(tmp_path / "book.txt"),
+                      "--out", str(tmp_path / "o")])
+
+
+def test_help_shows_every_default_and_where_the_book_comes_from(capsys):
+    with pytest.raises(SystemExit):
+        char_lm.parse_args(["--help"])
+    text = capsys.readouterr().out
+    options = [block for block in text.split("\n  -")[1:] if block.startswith("-")]
+    valued = [block for block in options if block.split()[0].lstrip("-").upper().replace(
+        "-", "_") in block.split()[1:2]]  # "--epochs EPOCHS ..."
+    assert len(valued) == 13, valued  # --data, --out, --epochs ... --seed
+    missing = [block.split()[0] for block in valued if "(default:" not in block]
+    assert not missing, missing
+    assert "--download" in text and "gutenberg.org" in text
 
 
 @needs_data

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 import reference as ref
-from backend_utils import to_np
+from backend_utils import call_traced, to_np
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
@@ -160,3 +160,134 @@ def test_a_reloaded_causal_lm_generates_the_same(model, tmp_path):
 def test_bad_arguments_name_the_argument(model, kwargs, arg):
     with pytest.raises(ValueError, match=arg):
         decoding.generate(model, PROMPTS, **kwargs)
+
+
+# ---- hostile inputs: settings as tensors, prompts, end tokens, int32 limits -------------------
+
+INT32_MAX = 2**31 - 1
+
+
+def test_max_new_tokens_beyond_the_buffer_means_as_many_as_fit(model):
+    """2**31 - 1 once overflowed `prompt length + max_new_tokens` and generated nothing."""
+    full = to_np(decoding.generate(model, PROMPTS, 10))
+    assert np.all((full[:, 4:] > 0).sum(1) > 0)  # a real test: something is generated
+    values = [INT32_MAX, np.int64(2**40), keras.ops.convert_to_tensor(INT32_MAX)]
+    if keras.backend.backend() != "jax":  # JAX has no int64 tensors (without x64)
+        values.append(keras.ops.convert_to_tensor(2**40, "int64"))  # never wrapped to int32
+    for value in values:
+        np.testing.assert_array_equal(
+            to_np(decoding.generate(model, PROMPTS, 10, max_new_tokens=value)), full)
+    traced = call_traced(lambda n: decoding.generate(model, PROMPTS, 10, max_new_tokens=n),
+                         np.int32(INT32_MAX))
+    np.testing.assert_array_equal(to_np(traced), full)
+
+
+BAD_SETTINGS = [("temperature", float("nan")), ("temperature", -1.0),
+                ("temperature", float("inf")), ("top_p", float("nan")), ("top_p", 0.0),
+                ("top_p", 1.5), ("top_k", -3), ("seed", -1), ("max_new_tokens", 0)]
+
+
+@pytest.mark.parametrize("name,value", BAD_SETTINGS)
+def test_settings_given_as_tensors_are_checked_not_replaced(model, name, value):
+    """NaN or negative temperatures and NaN top_p became greedy decoding, top_k=-3 turned
+    top-k off: as eager tensors they are refused like Python values, and inside a compiled
+    function (a SavedModel signature, the caller's jax.jit) the call fails with the same
+    message."""
+    tensor = keras.ops.convert_to_tensor(value, "int32" if isinstance(value, int) else "float32")
+    with pytest.raises(ValueError, match=f"argument `{name}`"):
+        decoding.generate(model, PROMPTS, 8, strategy="sample", **{name: value})
+    with pytest.raises(ValueError, match=f"argument `{name}`"):
+        decoding.generate(model, PROMPTS, 8, strategy="sample", **{name: tensor})
+    with pytest.raises(Exception, match=f"argument `{name}`"):
+        call_traced(lambda v: decoding.generate(model, PROMPTS, 8, strategy="sample",
+                                                **{name: v}), tensor)
+
+
+def test_settings_as_tensors_give_what_python_values_give(model):
+    python = {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": 3, "max_new_tokens": 4}
+    expected = to_np(decoding.generate(model, PROMPTS, 10, strategy="sample", **python))
+    tensors = {name: keras.ops.convert_to_tensor(value) for name, value in python.items()}
+    np.testing.assert_array_equal(
+        to_np(decoding.generate(model, PROMPTS, 10, strategy="sample", **tensors)), expected)
+    traced = call_traced(lambda t, k, p, s, n: decoding.generate(
+        model, PROMPTS, 10, strategy="sample", temperature=t, top_k=k, top_p=p, seed=s,
+        max_new_tokens=n), *python.values())
+    np.testing.assert_array_equal(to_np(traced), expected)
+    with pytest.raises(ValueError, match="top_k"):  # a float where an integer is meant
+        decoding.generate(model, PROMPTS, 10, strategy="sample",
+                          top_k=keras.ops.convert_to_tensor(2.5))
+
+
+@pytest.mark.parametrize("prompt", [[[0, BOS_ID, 5, 6]], [[BOS_ID, 5, 0, 6]],
+                                    [[BOS_ID, 5, 6, 7], [0, 0, 0, 0]]],
+                         ids=["left padding", "a 0 between tokens", "an all-padding row"])
+def test_prompts_that_are_not_right_padded_are_refused(model, prompt):
+    """They lost their last token or decoded garbage (torch: an unrelated error)."""
+    prompt = np.array(prompt, "int32")
+    with pytest.raises(ValueError, match="prompt_ids.*right-padded"):
+        decoding.generate(model, prompt, 8)
+    with pytest.raises(Exception, match="prompt_ids.*right-padded"):
+        call_traced(lambda p: decoding.generate(model, p, 8), prompt)
+
+
+@pytest.mark.parametrize("prompt,kwargs,arg", [
+    (PROMPTS, {"eos_id": 24}, "eos_id"),  # the vocabulary is 0..23: no row would ever end
+    (PROMPTS, {"eos_id": 0}, "eos_id"),  # padding is never emitted
+    (PROMPTS, {"eos_id": BOS_ID}, "eos_id"),  # nor is <bos>
+    (PROMPTS, {"max_length": 2**31}, "max_length"),  # positions are int32
+    ([[BOS_ID, 24]], {}, "prompt_ids"),
+    ([[BOS_ID, -1]], {}, "prompt_ids"),
+    ([[2.0, 5.0]], {}, "prompt_ids"),
+])
+def test_out_of_range_ids_and_lengths_name_the_argument(model, prompt, kwargs, arg):
+    """A token past the vocabulary and max_length=2**31 were bare "Graph execution error"s,
+    an eos_id past the vocabulary ran every row to max_length."""
+    kwargs = {"max_length": 8, **kwargs}
+    with pytest.raises(ValueError, match=f"argument `{arg}`|Argument `{arg}`"):
+        decoding.generate(model, prompt, **kwargs)
+
+
+def test_a_prompt_id_past_the_vocabulary_fails_inside_a_graph(model):
+    with pytest.raises(Exception, match="prompt_ids"):
+        call_traced(lambda p: decoding.generate(model, p, 8),
+                    np.array([[BOS_ID, 30, 5]], "int32"))
+
+
+def test_without_an_end_token_every_row_runs_to_its_limit(model):
+    tokens = to_np(decoding.generate(model, PROMPTS, 10, eos_id=None))
+    assert np.all(tokens > 0)
+    lengths = (PROMPTS > 0).sum(1)
+    limited = to_np(decoding.generate(model, PROMPTS, 10, eos_id=None, max_new_tokens=3))
+    np.testing.assert_array_equal((limited > 0).sum(1), lengths + 3)
+    beams = to_np(decoding.generate(model, PROMPTS, 10, eos_id=None, strategy="beam",
+                                    beam_size=2))
+    assert np.all(beams > 0)
+
+
+def test_numpy_int64_arguments_equal_python_ints(model):
+    """int64 `max_length` with `max_new_tokens` failed with a TensorFlow dtype error."""
+    i64 = np.int64
+    for kwargs in ({"max_new_tokens": 3, "strategy": "sample", "top_k": 5, "seed": 4},
+                   {"strategy": "beam", "beam_size": 2, "eos_id": EOS_ID}):
+        as_int64 = {k: i64(v) if isinstance(v, int) else v for k, v in kwargs.items()}
+        np.testing.assert_array_equal(
+            to_np(decoding.generate(model, PROMPTS.astype("int64"), i64(10), **as_int64)),
+            to_np(decoding.generate(model, PROMPTS, 10, **kwargs)))
+
+
+@pytest.mark.xfail(reason="decode_step passes `index` on to the position layers and MultiHead, "
+                          "whose int32 casts are the core helper's (MultiHead, RotaryEmbedding) "
+                          "and the models helper's (decode_step, TokenAndPositionEmbedding) "
+                          "part of issue 26.18", strict=False)
+@pytest.mark.parametrize("int64", [np.int64, lambda i: keras.ops.convert_to_tensor(i, "int64")],
+                         ids=["numpy", "tensor"])
+def test_decode_step_takes_int64_positions(model, int64):
+    decoder = model.get_layer("decoder")
+
+    def last_logits(position):
+        state = decoder.init_decode_state(2, 8)
+        _, state, _ = decoder.decode_step(PROMPTS[:2], position(0), state)
+        logits, _, _ = decoder.decode_step(PROMPTS[:2, 0], position(4), state)
+        return to_np(logits)
+
+    np.testing.assert_array_equal(last_logits(int64), last_logits(int))

@@ -4,15 +4,12 @@ import keras
 import numpy as np
 import pytest
 import reference as ref
-from backend_utils import layer_value_and_grads, to_np
+from backend_utils import layer_value_and_grads, rand, to_np
 
 import keras_attn as ka
 
 rng = np.random.default_rng(0)
 
-
-def rand(*shape, scale=1.0):
-    return (scale * rng.standard_normal(shape)).astype("float32")
 
 
 ATTENTION_LAYERS = {
@@ -22,7 +19,7 @@ ATTENTION_LAYERS = {
     "MultiHead": lambda: ka.MultiHead(num_heads=2, key_dim=3),
     "MultiHead_chunked": lambda: ka.MultiHead(num_heads=2, key_dim=3, implementation="chunked",
                                               chunk_size=2),
-    "LocalMultiHead": lambda: ka.LocalMultiHead(num_heads=2, key_dim=3, window=2),
+    "LocalMultiHead": lambda: ka.LocalMultiHead(num_heads=2, key_dim=3, sliding_window=3),
     "LinearAttention": lambda: ka.LinearAttention(num_heads=2, key_dim=3),
 }
 
@@ -190,8 +187,8 @@ def test_zero_keys_give_zero_context_in_a_layer():
 @pytest.mark.parametrize("option", ["add_bias_kv", "add_zero_attn"])
 def test_local_multi_head_refuses_appended_keys(option):
     with pytest.raises(ValueError, match=option):
-        ka.LocalMultiHead(num_heads=2, key_dim=3, window=2, **{option: True})
-    config = ka.LocalMultiHead(num_heads=2, key_dim=3, window=2).get_config()
+        ka.LocalMultiHead(num_heads=2, key_dim=3, sliding_window=3, **{option: True})
+    config = ka.LocalMultiHead(num_heads=2, key_dim=3, sliding_window=3).get_config()
     assert option not in config
     ka.LocalMultiHead.from_config(config)
 
@@ -204,9 +201,11 @@ def keras_mha(**kwargs):
     return layer
 
 
-def test_from_keras_refuses_attention_over_other_axes():
-    with pytest.raises(ValueError, match="attention_axes"):
-        ka.MultiHead.from_keras(keras_mha(attention_axes=(1, 2)))
+def test_from_keras_imports_attention_over_other_axes_exactly():
+    theirs = keras_mha(attention_axes=(1, 2))
+    x = rand(2, 2, 4, 6)
+    np.testing.assert_allclose(to_np(ka.MultiHead.from_keras(theirs)(x)), to_np(theirs(x, x)),
+                               atol=1e-5)
 
 
 def test_from_keras_reproduces_the_layer_it_accepts():
@@ -240,3 +239,47 @@ def test_the_reference_agrees_on_what_scaled_dot_attention_computes():
     out = to_np(ka.ScaledDotAttention()(q, k, v, valid_lens=lens))
     np.testing.assert_allclose(out, ref.attention(q, k, v, ref.length_mask(lens, 3, 5))[0],
                                atol=1e-5)
+
+
+# ---- issue 26: integer dtypes, NumPy integers, score ranks -----------------------------------
+
+@pytest.mark.parametrize("as_index", [np.int64, lambda i: keras.ops.convert_to_tensor(i, "int64"),
+                                      np.int32])
+def test_start_and_cache_indices_of_any_integer_dtype(as_index):
+    """int64 indices, NumPy or tensors (26.18), give what int32 ones give."""
+    x = rand(2, 1, 8)
+    layer = ka.MultiHead(num_heads=2, key_dim=4, position_encoding="rope")
+    layer(x)
+    cache = layer.init_cache(2, 4)
+    want, _ = layer(x, cache=cache, cache_update_index=2)
+    got, _ = layer(x, cache=cache, cache_update_index=as_index(2))
+    np.testing.assert_allclose(to_np(got), to_np(want), atol=1e-6)
+    for position_layer, inputs in ((ka.RotaryEmbedding(), rand(2, 3, 4)),
+                                   (ka.SinusoidalPositionEncoding(), rand(2, 3, 4)),
+                                   (ka.AlibiBias(), rand(2, 2, 3, 3)),
+                                   (ka.RelativePositionBias(), rand(2, 2, 3, 3))):
+        np.testing.assert_allclose(to_np(position_layer(inputs, start_index=as_index(2))),
+                                   to_np(position_layer(inputs, start_index=2)), atol=1e-6)
+
+
+def test_numpy_integers_are_integers_everywhere():
+    """NumPy integer sizes (26.19) build the same layers as Python ints."""
+    x = rand(1, 3, 8)
+    for make in (lambda i: ka.MultiHead(i(4), i(4), num_key_value_heads=i(2), value_dim=i(3),
+                                        output_dim=i(6), sliding_window=i(2)),
+                 lambda i: ka.LocalMultiHead(i(2), i(4), sliding_window=i(2), num_global=i(1)),
+                 lambda i: ka.LinearAttention(i(2), i(4), chunk_size=i(2)),
+                 lambda i: ka.AdditiveAttention(i(5)), lambda i: ka.FFN(i(6), output_dim=i(3))):
+        layer = make(np.int64)
+        assert tuple(layer(x).shape) == tuple(make(int)(x).shape)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        ka.MultiHead(4, 4, num_key_value_heads=np.float32(2))
+
+
+@pytest.mark.parametrize("layer", [ka.AlibiBias(), ka.RelativePositionBias()])
+def test_position_bias_layers_take_scores_of_rank_4_only(layer):
+    """3-D scores (26.20) are a ValueError naming `scores`, not an IndexError."""
+    with pytest.raises(ValueError, match="scores"):
+        layer(rand(2, 3, 3))
+    with pytest.raises(ValueError, match="scores"):
+        layer.compute_output_shape((2, 3, 3))

@@ -27,29 +27,6 @@ KERNELS = {
 }
 
 
-def np_mask(batch, query_len, key_len, lens=None, causal=False, offset=0, window=None,
-            num_global=0, dense=None, query_valid=None, key_valid=None):
-    """The `(B, T, S)` boolean mask of the parts, from the reference's builders."""
-    allowed = np.ones((batch, query_len, key_len), bool)
-    if lens is not None:
-        allowed &= ref.length_mask(np.asarray(lens), query_len, key_len)
-    if causal:
-        allowed &= ref.causal_mask(query_len, key_len, offset)
-    if window is not None:
-        band = ref.band_mask(query_len, key_len, window, offset)
-        if num_global:
-            positions = np.arange(query_len)[:, None] + offset
-            band |= (positions < num_global) | (np.arange(key_len)[None, :] < num_global)
-        allowed &= band
-    if dense is not None:
-        allowed &= np.broadcast_to(dense, allowed.shape)
-    if query_valid is not None:
-        allowed &= query_valid[:, :, None]
-    if key_valid is not None:
-        allowed &= key_valid[:, None, :]
-    return allowed
-
-
 @st.composite
 def problems(draw):
     batch = draw(st.integers(1, 2))
@@ -97,7 +74,7 @@ def make_problem(problem):
     bias = None
     if "bias" in parts:
         bias = rng.normal(size=(1, kv_heads, group, query_len, key_len)).astype("float32")
-    allowed = np_mask(batch, query_len, key_len, **spec)[:, None, None]  # (B, 1, 1, T, S)
+    allowed = ref.combined_mask(batch, query_len, key_len, **spec)[:, None, None]  # (B, 1, 1, T, S)
     return q, k, v, bias, build, allowed
 
 
@@ -131,7 +108,7 @@ def test_kernels_equal_the_reference_values_and_gradients(problem):
     np.testing.assert_allclose(out, want_out, atol=2e-5)
     if weights is not None:
         np.testing.assert_allclose(weights, want_weights, atol=2e-6)
-    want_grads = [dq, dk, dv] + ([ref._sum_to_shape(dbias, bias.shape)] if bias is not None
+    want_grads = [dq, dk, dv] + ([ref.sum_to_shape(dbias, bias.shape)] if bias is not None
                                  else [])
     for name, got, want in zip(["dq", "dk", "dv", "dbias"], grads, want_grads):
         np.testing.assert_allclose(got, want, atol=5e-5, err_msg=name)
@@ -183,7 +160,7 @@ def test_local_kernel_equals_the_reference(window, num_global, causal):
     lens = np.array([11, 7])
     build = {"window": window, "num_global": num_global, "use_causal_mask": causal,
              "valid_lens": lens, "key_mask": key_valid, "query_mask": query_valid}
-    allowed = np_mask(2, 11, 11, lens, causal, 0, window, num_global, None, query_valid,
+    allowed = ref.combined_mask(2, 11, 11, lens, causal, 0, window, num_global, None, query_valid,
                       key_valid)[:, None]
     d_out = rng.normal(size=(2, 3, 11, 4))
 
@@ -222,10 +199,11 @@ def test_16_bit_inputs_keep_their_dtype_and_accuracy(kernel, dtype, atol):
     q, k, v = (rng.normal(size=(2, 2, 9, 8)).astype("float32") for _ in range(3))
     lens = np.array([0, 6])
     out, _ = attn_ops.dot_product_attention(
-        *(keras.ops.cast(x, dtype) for x in (q, k, v)), valid_lens=lens, use_causal_mask=True,
+        *(keras.ops.cast(x, dtype) for x in (q, k, v)),
+        AttentionMask.build(9, 9, 2, valid_lens=lens, use_causal_mask=True),
         **KERNELS[kernel])
     assert keras.backend.standardize_dtype(out.dtype) == dtype
-    allowed = np_mask(2, 9, 9, lens, True)[:, None]
+    allowed = ref.combined_mask(2, 9, 9, lens, True)[:, None]
     np.testing.assert_allclose(to_np(out), ref.attention(q, k, v, allowed)[0], atol=atol)
 
 
@@ -240,7 +218,8 @@ def test_float16_scores_of_inputs_in_the_hundreds_do_not_overflow(kernel):
     inputs = [keras.ops.convert_to_numpy(keras.ops.cast(x, "float16")) for x in (q, k, v)]
 
     def fn(q, k, v):
-        return attn_ops.dot_product_attention(q, k, v, use_causal_mask=True,
+        return attn_ops.dot_product_attention(q, k, v, AttentionMask.build(6, 6, 1,
+                                                                           use_causal_mask=True),
                                               **KERNELS[kernel])[0]
 
     out, grads = value_and_grads(fn, inputs, d_out)
@@ -257,13 +236,15 @@ def test_dropout_on_the_weights_is_the_same_on_both_dense_paths(kernel):
     rng = np.random.default_rng(10)
     q, k, v = (rng.normal(size=(2, 3, 7, 4)).astype("float32") for _ in range(3))
     d_out = rng.normal(size=(2, 3, 7, 4))
+    lens_and_causal = AttentionMask.build(7, 7, 2, valid_lens=np.array([5, 0]),
+                                          use_causal_mask=True)
     results = []
     for return_weights in (True, False):
         generator = keras.random.SeedGenerator(5)
 
         def fn(q, k, v, return_weights=return_weights, generator=generator):
             return attn_ops.dot_product_attention(
-                q, k, v, valid_lens=np.array([5, 0]), use_causal_mask=True, dropout_rate=0.3,
+                q, k, v, lens_and_causal, dropout_rate=0.3,
                 training=True, seed=generator, return_weights=return_weights)[0]
 
         results.append(value_and_grads(fn, [q, k, v], d_out))
@@ -272,8 +253,7 @@ def test_dropout_on_the_weights_is_the_same_on_both_dense_paths(kernel):
     np.testing.assert_array_equal(out_f[1], 0.0)  # no keys: zero output
     for got, want in zip(grads_f, grads_w):
         np.testing.assert_allclose(got, want, atol=1e-5)
-    plain = to_np(attn_ops.dot_product_attention(q, k, v, valid_lens=np.array([5, 0]),
-                                                 use_causal_mask=True)[0])
+    plain = to_np(attn_ops.dot_product_attention(q, k, v, lens_and_causal)[0])
     assert np.max(np.abs(plain - out_w)) > 1e-2  # dropout did act
 
 
@@ -324,16 +304,25 @@ def test_integer_tensors_are_refused_by_the_op():
         attn_ops.dot_product_attention(x, x, x)
 
 
-def test_local_kernel_refuses_what_it_cannot_apply():
-    x = np.ones((2, 1, 6, 4), "float32")
-    mask = AttentionMask.build(6, 6, 2, window=2, attention_mask=np.ones((2, 6, 6), bool))
-    with pytest.raises(ValueError, match="attention_mask"):
-        attn_ops.dot_product_attention(x, x, x, mask, implementation="local")
+def test_the_local_kernel_gives_way_to_the_dense_one_for_what_it_cannot_apply():
+    """A dense mask, a bias, the weights, a causal offset: the dense kernel runs, with the
+    window in its mask (`keras_attn.ops.kernel_for`); without a window there is no band."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=(2, 1, 6, 4)).astype("float32") for _ in range(3))
+    dense_mask = rng.random((2, 6, 6)) < 0.7
+    bias = rng.normal(size=(6, 6)).astype("float32")
+    for build, extra in [({"attention_mask": dense_mask}, {}), ({}, {"bias": bias}),
+                         ({}, {"return_weights": True}),
+                         ({"use_causal_mask": True, "causal_offset": 2}, {})]:
+        mask = AttentionMask.build(6, 6, 2, window=1, **build)
+        assert attn_ops.kernel_for("local", mask, q, k, extra.get("bias"),
+                                   extra.get("return_weights")) == "dense"
+        got, _ = attn_ops.dot_product_attention(q, k, v, mask, implementation="local", **extra)
+        want, _ = attn_ops.dot_product_attention(q, k, v, mask, **extra)
+        np.testing.assert_allclose(to_np(got), to_np(want), atol=1e-6)
+    assert attn_ops.kernel_for("local", AttentionMask.build(6, 6, 2, window=1), q, k) == "local"
     with pytest.raises(ValueError, match="window"):
-        attn_ops.dot_product_attention(x, x, x, implementation="local")
-    with pytest.raises(ValueError, match="bias"):
-        attn_ops.dot_product_attention(x, x, x, AttentionMask.build(6, 6, window=1),
-                                       implementation="local", bias=np.zeros((6, 6), "float32"))
+        attn_ops.dot_product_attention(q, k, v, implementation="local")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -361,3 +350,78 @@ def test_the_backends_fused_attention_agrees_except_where_a_query_sees_no_key(ca
     np.testing.assert_allclose(ours[seen], theirs[seen], atol=1e-5)
     np.testing.assert_array_equal(ours[~seen], 0.0)
     assert np.abs(theirs[~seen]).max() > 1e-3
+
+
+# ---- the dispatch: grouped heads, linear attention, the one mask ------------------------------
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS) + ["local"])
+def test_the_dispatch_regroups_fewer_key_value_heads(kernel):
+    """Queries (B, H, T, d) against keys and values (B, H_kv, S, ·): the dispatch regroups
+    them itself, with a per-head dense mask and an (H, T, S) bias following the query heads;
+    values and gradients as the reference's grouped form."""
+    rng = np.random.default_rng(5)
+    batch, kv_heads, group, length, depth = 2, 2, 3, 7, 4
+    heads = kv_heads * group
+    q = rng.normal(size=(batch, heads, length, depth)).astype("float32")
+    k, v = (rng.normal(size=(batch, kv_heads, length, depth)).astype("float32")
+            for _ in range(2))
+    per_head = rng.random((batch, heads, length, length)) < 0.7
+    bias = rng.normal(size=(heads, length, length)).astype("float32")
+    local = kernel == "local"
+    build = ({"window": 2, "use_causal_mask": True} if local
+             else {"attention_mask": per_head, "valid_lens": np.array([7, 4])})
+    options = {"implementation": "local"} if local else dict(KERNELS[kernel], bias=bias)
+    d_out = rng.normal(size=q.shape)
+
+    def fn(q, k, v):
+        mask = AttentionMask.build(length, length, batch, **build)
+        return attn_ops.dot_product_attention(q, k, v, mask, **options)[0]
+
+    out, grads = value_and_grads(fn, [q, k, v], d_out)
+    if local:
+        allowed = ref.combined_mask(batch, length, length, causal=True, window=2)[:, None, None]
+        want_bias = None
+    else:
+        allowed = (per_head & ref.length_mask([7, 4], length, length)[:, None]).reshape(
+            batch, kv_heads, group, length, length)
+        want_bias = bias.reshape(kv_heads, group, length, length)
+    grouped = (q.reshape(batch, kv_heads, group, length, depth), k[:, :, None], v[:, :, None])
+    want_out, _ = ref.attention(*grouped, allowed, want_bias)
+    dq, dk, dv, _ = ref.attention_grads(*grouped, d_out.reshape(grouped[0].shape), allowed,
+                                        want_bias)
+    np.testing.assert_allclose(out, want_out.reshape(q.shape), atol=2e-5)
+    for got, want in zip(grads, (dq.reshape(q.shape), dk[:, :, 0], dv[:, :, 0])):
+        np.testing.assert_allclose(got, want, atol=5e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_is_an_implementation_of_the_dispatch(causal):
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.normal(size=(2, 2, 9, 4)).astype("float32") for _ in range(3))
+    key_valid = np.arange(9)[None] < np.array([[9], [5]])
+    mask = AttentionMask.build(9, 9, 2, use_causal_mask=causal, key_mask=key_valid)
+    out, weights = attn_ops.dot_product_attention(q, k, v, mask, implementation="linear",
+                                                  chunk_size=4, return_weights=True)
+    want = ref.linear_attention(q, k, v, key_valid, causal)
+    np.testing.assert_allclose(to_np(out), want, atol=1e-5)
+    np.testing.assert_allclose(to_np(weights) @ v, want, atol=1e-5)
+    for extra in ({"scale": 0.5}, {"bias": np.zeros((9, 9), "float32")},
+                  {"dropout_rate": 0.1, "training": True}):
+        with pytest.raises(ValueError, match=next(iter(extra))):
+            attn_ops.dot_product_attention(q, k, v, mask, implementation="linear", **extra)
+
+
+def test_the_loose_mask_arguments_still_work_with_a_deprecation_warning():
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.normal(size=(2, 5, 4)).astype("float32") for _ in range(3))
+    lens = np.array([5, 2])
+    with pytest.warns(DeprecationWarning, match="AttentionMask.build"):
+        old, _ = attn_ops.dot_product_attention(q, k, v, valid_lens=lens,
+                                                use_causal_mask=True, zero_masked_inputs=False)
+    new, _ = attn_ops.dot_product_attention(
+        q, k, v, AttentionMask.build(5, 5, 2, valid_lens=lens, use_causal_mask=True))
+    np.testing.assert_array_equal(to_np(old), to_np(new))
+    with pytest.raises(ValueError, match="unexpected arguments"):
+        attn_ops.dot_product_attention(q, k, v, window=2)
+    with pytest.raises(ValueError, match="AttentionMask"):
+        attn_ops.dot_product_attention(q, k, v, AttentionMask.build(5, 5), valid_lens=lens)

@@ -4,33 +4,20 @@ equivalence with keras.layers.MultiHeadAttention and torch.nn.MultiheadAttention
 import keras
 import numpy as np
 import pytest
-from backend_utils import assert_allclose, dtype_of
+import reference as ref
+from backend_utils import assert_allclose, dense_weights, dtype_of, rand, to_np
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
 
-rng = np.random.default_rng(0)
-
-
-def rand(*shape):
-    return rng.standard_normal(shape).astype("float32")
-
-
-def to_np(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def np_softmax_masked(scores, mask):
-    scores = np.where(mask, scores, -np.inf)
-    m = np.max(scores, -1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    e = np.where(mask, np.exp(scores - m), 0)
-    s = e.sum(-1, keepdims=True)
-    return np.where(s > 0, e / np.where(s > 0, s, 1), 0)
-
 
 def lens_mask(lens, t, s):
-    return np.broadcast_to((np.arange(s) < np.asarray(lens)[:, None, None]), (len(lens), t, s))
+    return np.broadcast_to(ref.length_mask(lens, t, s), (len(lens), t, s))
+
+
+def mha_weights(layer) -> dict:
+    return {name: dense_weights(getattr(layer, f"{name}_dense"))
+            for name in ("query", "key", "value", "output")}
 
 
 # ---------------------------------------------------------------- contract, every layer
@@ -88,7 +75,7 @@ def test_nw_pooling_matches_formula(learnable):
         w = 1.7
     out, weights = layer(xq, xk, y, return_attention_scores=True)
     scores = -0.5 * ((xq[:, :, None] - xk[:, None, :]) * w) ** 2
-    ref_w = np_softmax_masked(scores, np.ones_like(scores, bool))
+    ref_w = ref.masked_softmax(scores, np.ones_like(scores, bool))
     assert_allclose(to_np(weights), ref_w, atol=1e-6)
     assert_allclose(to_np(out), np.einsum("bts,bs->bt", ref_w, y), atol=1e-5)
 
@@ -99,7 +86,7 @@ def test_nw_pooling_vector_keys_and_leave_one_out_mask():
     out, weights = ka.NWPooling()(x, x, y, attention_mask=leave_one_out,
                                   return_attention_scores=True)
     sq = ((x[:, :, None, :] - x[:, None, :, :]) ** 2).sum(-1)
-    ref_w = np_softmax_masked(-0.5 * sq, leave_one_out)
+    ref_w = ref.masked_softmax(-0.5 * sq, leave_one_out)
     assert np.all(np.diag(to_np(weights)[0]) == 0.0)
     assert_allclose(to_np(weights), ref_w, atol=1e-6)
     assert_allclose(to_np(out), ref_w @ y, atol=1e-5)
@@ -107,6 +94,7 @@ def test_nw_pooling_vector_keys_and_leave_one_out_mask():
 
 def test_nw_pooling_learns_width_with_sgd():
     """The parametric form fits a sharper kernel on leave-one-out training (seed 10.2.7)."""
+    rng = np.random.default_rng(0)
     xs = np.sort(rng.uniform(0, 5, 50)).astype("float32")[None]
     ys = (2 * np.sin(xs) + xs ** 0.8 + rng.normal(0, 0.5, xs.shape)).astype("float32")
     layer = ka.NWPooling(learnable=True)
@@ -129,7 +117,7 @@ def test_additive_attention_matches_formula():
                                             layer.score_dense))
     features = np.tanh((q @ wq)[:, :, None, :] + (k @ wk)[:, None, :, :])  # (B, T, S, u)
     scores = (features @ wv)[..., 0]
-    ref_w = np_softmax_masked(scores, lens_mask(LENS, 3, 5))
+    ref_w = ref.masked_softmax(scores, lens_mask(LENS, 3, 5))
     assert_allclose(to_np(weights), ref_w, atol=1e-5)
     assert_allclose(to_np(out), ref_w @ v, atol=1e-5)
 
@@ -139,35 +127,17 @@ def test_scaled_dot_attention_matches_formula_with_causal_mask():
     out, weights = ka.ScaledDotAttention()(q, k, v, use_causal_mask=True,
                                            return_attention_scores=True)
     scores = q @ k.transpose(0, 2, 1) / np.sqrt(6)
-    ref_w = np_softmax_masked(scores, np.tril(np.ones((4, 4), bool))[None])
+    ref_w = ref.masked_softmax(scores, np.tril(np.ones((4, 4), bool))[None])
     assert_allclose(to_np(weights), ref_w, atol=1e-5)
     assert_allclose(to_np(out), ref_w @ v, atol=1e-5)
-
-
-def np_multi_head(layer, q, k, v, mask):
-    """Per-head loop in NumPy from the seed's formula h_i = f(W_i^q q, W_i^k k, W_i^v v)."""
-    h, dk, dv = layer.num_heads, layer.key_dim, layer.value_dim
-
-    def dense(d, x):
-        return x @ to_np(d.kernel) + to_np(d.bias)
-
-    qp, kp, vp = dense(layer.query_dense, q), dense(layer.key_dense, k), dense(
-        layer.value_dense, v)
-    heads, all_w = [], []
-    for i in range(h):
-        qi, ki, vi = (qp[..., i * dk:(i + 1) * dk], kp[..., i * dk:(i + 1) * dk],
-                      vp[..., i * dv:(i + 1) * dv])
-        w = np_softmax_masked(qi @ ki.transpose(0, 2, 1) / np.sqrt(dk), mask)
-        heads.append(w @ vi)
-        all_w.append(w)
-    return dense(layer.output_dense, np.concatenate(heads, -1)), np.stack(all_w, 1)
 
 
 def test_multi_head_matches_per_head_formula():
     layer = ka.MultiHead(num_heads=3, key_dim=4, value_dim=2, output_dim=5)
     q, k, v = rand(2, 3, 6), rand(2, 5, 7), rand(2, 5, 8)
     out, weights = layer(q, k, v, valid_lens=LENS, return_attention_scores=True)
-    ref_out, ref_w = np_multi_head(layer, q, k, v, lens_mask(LENS, 3, 5))
+    ref_out, ref_w = ref.multi_head_attention(q, k, v, mha_weights(layer), 3,
+                                              lens_mask(LENS, 3, 5))
     assert weights.shape == (2, 3, 3, 5)
     assert_allclose(to_np(weights), ref_w, atol=1e-5)
     assert_allclose(to_np(out), ref_out, atol=1e-5)
@@ -199,8 +169,8 @@ def test_ffn_and_add_norm_match_formula():
     ffn = ka.FFN(hidden_dim=8)
     out = to_np(ffn(x))
     h = np.maximum(x @ to_np(ffn.hidden_dense.kernel) + to_np(ffn.hidden_dense.bias), 0)
-    ref = h @ to_np(ffn.output_dense.kernel) + to_np(ffn.output_dense.bias)
-    assert_allclose(out, ref, atol=1e-5)
+    want = h @ to_np(ffn.output_dense.kernel) + to_np(ffn.output_dense.bias)
+    assert_allclose(out, want, atol=1e-5)
 
     z = x + y
     ref_norm = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + 1e-5)
@@ -223,10 +193,10 @@ def test_multi_head_equals_keras_multi_head_attention(masking):
     use_pad = "padding" in masking
     keras_mha(q, v, k)  # build
     ours = ka.MultiHead.from_keras(keras_mha)
-    ref = keras_mha(q, v, k, value_mask=value_mask if use_pad else None,
-                    use_causal_mask=causal)
+    want = keras_mha(q, v, k, value_mask=value_mask if use_pad else None,
+                     use_causal_mask=causal)
     out = ours(q, k, v, valid_lens=lens if use_pad else None, use_causal_mask=causal)
-    assert_allclose(to_np(out), to_np(ref), atol=1e-5)
+    assert_allclose(to_np(out), to_np(want), atol=1e-5)
 
 
 @pytest.mark.tf_only
@@ -258,33 +228,6 @@ def test_multi_head_under_xla_equals_keras_with_gradients():
             assert_allclose(to_np(got).reshape(want.shape), to_np(want), atol=1e-4)
 
 
-def np_torch_mha(sd, q, k, v, num_heads, key_padding_mask=None, add_zero_attn=False):
-    """torch.nn.MultiheadAttention's documented forward (batch_first), in NumPy."""
-    e = sd["out_proj.weight"].shape[0]
-    if "in_proj_weight" in sd:
-        wq, wk, wv = np.split(sd["in_proj_weight"], 3)
-    else:
-        wq, wk, wv = sd["q_proj_weight"], sd["k_proj_weight"], sd["v_proj_weight"]
-    bq, bk, bv = np.split(sd.get("in_proj_bias", np.zeros(3 * e, "float32")), 3)
-    qp, kp, vp = q @ wq.T + bq, k @ wk.T + bk, v @ wv.T + bv
-    allowed = np.ones(k.shape[:2], bool) if key_padding_mask is None else ~key_padding_mask
-    if "bias_k" in sd:
-        b = q.shape[0]
-        kp = np.concatenate([kp, np.broadcast_to(sd["bias_k"].reshape(1, 1, e), (b, 1, e))], 1)
-        vp = np.concatenate([vp, np.broadcast_to(sd["bias_v"].reshape(1, 1, e), (b, 1, e))], 1)
-        allowed = np.concatenate([allowed, np.ones((b, 1), bool)], 1)
-    if add_zero_attn:
-        kp = np.concatenate([kp, np.zeros_like(kp[:, :1])], 1)
-        vp = np.concatenate([vp, np.zeros_like(vp[:, :1])], 1)
-        allowed = np.concatenate([allowed, np.ones_like(allowed[:, :1])], 1)
-    hd = e // num_heads
-    split = lambda x: x.reshape(x.shape[0], x.shape[1], num_heads, hd).transpose(0, 2, 1, 3)
-    w = np_softmax_masked(split(qp) @ split(kp).transpose(0, 1, 3, 2) / np.sqrt(hd),
-                          allowed[:, None, None, :])
-    ctx = (w @ split(vp)).transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], e)
-    return ctx @ sd["out_proj.weight"].T + sd.get("out_proj.bias", 0)
-
-
 def random_torch_state_dict(e, kdim, vdim, bias, add_bias_kv):
     sd = {"out_proj.weight": rand(e, e)}
     if kdim == vdim == e:
@@ -311,8 +254,9 @@ def test_multi_head_from_torch_state_dict_matches_torch_formula(e, kdim, vdim, b
     pad = np.array([[False] * 4, [False, False, True, True]])
     ours = ka.MultiHead.from_torch_state_dict(sd, num_heads=2, add_zero_attn=add_zero_attn)
     out = ours(q, k, v, valid_lens=np.array([4, 2]))
-    ref = np_torch_mha(sd, q, k, v, 2, key_padding_mask=pad, add_zero_attn=add_zero_attn)
-    assert_allclose(to_np(out), ref, atol=1e-4)
+    want = ref.torch_multihead_attention(sd, q, k, v, 2, key_padding_mask=pad,
+                                         add_zero_attn=add_zero_attn)
+    assert_allclose(to_np(out), want, atol=1e-4)
 
 
 @pytest.mark.parametrize("e,kdim,vdim,bias,add_bias_kv,add_zero_attn", TORCH_CASES)
@@ -327,11 +271,11 @@ def test_multi_head_from_torch_equals_real_torch(e, kdim, vdim, bias, add_bias_k
     q, k, v = rand(2, 3, e), rand(2, 4, kdim), rand(2, 4, vdim)
     pad = np.array([[False] * 4, [False, False, True, True]])
     with torch.no_grad():
-        ref, _ = module(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
+        want, _ = module(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
                         key_padding_mask=torch.from_numpy(pad))
     ours = ka.MultiHead.from_torch_state_dict(sd, num_heads=2, add_zero_attn=add_zero_attn)
     out = ours(q, k, v, valid_lens=np.array([4, 2]))
-    assert_allclose(to_np(out), ref.numpy(), atol=1e-5)
+    assert_allclose(to_np(out), want.numpy(), atol=1e-5)
 
 
 # ---------------------------------------------------------------- masks
@@ -354,11 +298,17 @@ def test_implicit_mask_equals_valid_lens():
 
 
 def test_implicit_mask_propagates_through_layers():
+    """The padding mask of the embedding reaches a masked average after the layers: the
+    padded positions do not count."""
     inp = keras.Input((4,), dtype="int32")
     x = keras.layers.Embedding(10, 8, mask_zero=True)(inp)
     y = ka.AddNorm()(x, ka.MultiHead(2, 4)(x))
     y = ka.FFN(16)(ka.SinusoidalPositionEncoding()(y))
-    assert y._keras_mask is not None
+    model = keras.Model(inp, [y, keras.layers.GlobalAveragePooling1D()(y)])
+    ids = np.array([[3, 4, 0, 0], [5, 6, 7, 8]], "int32")
+    sequence, pooled = (to_np(out) for out in model(ids))
+    assert_allclose(pooled[0], sequence[0, :2].mean(0), atol=1e-5)
+    assert_allclose(pooled[1], sequence[1].mean(0), atol=1e-5)
 
 
 def test_fully_masked_rows_are_zero_in_low_precision():

@@ -4,8 +4,9 @@ padding masks, fully masked rows, and the layer contract."""
 import keras
 import numpy as np
 import pytest
+import reference as ref
 import tensorflow as tf
-from backend_utils import assert_allclose, assert_array_equal, dtype_of
+from backend_utils import assert_allclose, assert_array_equal, dtype_of, rand, to_np
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
@@ -14,30 +15,6 @@ from keras_attn.ops import linear_attention, linear_attention_weights
 rng = np.random.default_rng(0)
 
 
-def rand(*shape):
-    return rng.standard_normal(shape).astype("float32")
-
-
-def to_np(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def np_phi(x):
-    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))  # elu(x) + 1
-
-
-def np_linear_attention(q, k, v, key_mask=None, causal=False):
-    """softmax replaced by φ: A = φ(Q)φ(K)ᵀ ∘ M, out = A V / A 1 (0 where A 1 = 0)."""
-    t, s = q.shape[-2], k.shape[-2]
-    scores = np.einsum("bhtd,bhsd->bhts", np_phi(q), np_phi(k)).astype("float64")
-    mask = np.ones((q.shape[0], 1, t, s), bool)
-    if key_mask is not None:
-        mask &= key_mask[:, None, None, :]
-    if causal:
-        mask &= np.tril(np.ones((t, s), bool))
-    scores = np.where(mask, scores, 0.0)
-    norm = scores.sum(-1, keepdims=True)
-    return np.where(norm > 0, scores @ v / np.where(norm > 0, norm, 1), 0.0)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -46,7 +23,7 @@ def test_matches_explicit_formula(causal, seq_len, chunk_size):
     q, k, v = rand(2, 3, seq_len, 5), rand(2, 3, seq_len, 5), rand(2, 3, seq_len, 4)
     key_mask = np.arange(seq_len)[None, :] < np.array([[seq_len], [seq_len - 4]])
     out = linear_attention(q, k, v, key_mask=key_mask, causal=causal, chunk_size=chunk_size)
-    expected = np_linear_attention(q, k, v, key_mask, causal)
+    expected = ref.linear_attention(q, k, v, key_mask, causal)
     assert_allclose(to_np(out), expected, rtol=1e-4, atol=1e-5)
     weights = linear_attention_weights(q, k, key_mask=key_mask, causal=causal)
     assert_allclose(to_np(weights) @ v, expected, rtol=1e-4, atol=1e-5)
@@ -55,7 +32,7 @@ def test_matches_explicit_formula(causal, seq_len, chunk_size):
 def test_cross_attention_lengths_differ():
     q, k, v = rand(2, 2, 3, 4), rand(2, 2, 7, 4), rand(2, 2, 7, 6)
     assert_allclose(
-        to_np(linear_attention(q, k, v)), np_linear_attention(q, k, v), rtol=1e-4, atol=1e-5
+        to_np(linear_attention(q, k, v)), ref.linear_attention(q, k, v), rtol=1e-4, atol=1e-5
     )
 
 
@@ -72,7 +49,7 @@ def test_layer_matches_formula_with_its_projections():
         return y.reshape(2, 6, 2, depth).transpose(0, 2, 1, 3)
 
     key_mask = np.arange(6)[None, :] < lens[:, None]
-    ctx = np_linear_attention(heads(x @ wq + bq, 3), heads(x @ wk + bk, 3),
+    ctx = ref.linear_attention(heads(x @ wq + bq, 3), heads(x @ wk + bk, 3),
                               heads(x @ wv + bv, 4), key_mask, causal=True)
     expected = ctx.transpose(0, 2, 1, 3).reshape(2, 6, 8) @ wo + bo
     assert_allclose(out, expected, rtol=1e-4, atol=1e-5)

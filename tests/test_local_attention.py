@@ -4,8 +4,9 @@ mask, the band mask equals its definition, no (T, T) tensor is formed, and the l
 import keras
 import numpy as np
 import pytest
+import reference as ref
 import tensorflow as tf
-from backend_utils import as_np, assert_allclose, assert_array_equal
+from backend_utils import as_np, assert_allclose, assert_array_equal, rand, to_np
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
@@ -15,31 +16,13 @@ from keras_attn.ops import local_attention_mask, local_dot_product_attention
 rng = np.random.default_rng(0)
 
 
-def rand(*shape):
-    return rng.standard_normal(shape).astype("float32")
-
-
-def to_np(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def np_band(t, s, window, causal, num_global, offset=0):
-    """The definition, one entry at a time."""
-    mask = np.zeros((t, s), bool)
-    for i in range(t):
-        p = i + offset
-        for j in range(s):
-            near = abs(p - j) <= window and (not causal or j <= p)
-            glob = (p < num_global or j < num_global) and (not causal or j <= p)
-            mask[i, j] = near or glob
-    return mask
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window,num_global,offset", [(0, 0, 0), (2, 0, 3), (3, 2, 0)])
 def test_band_mask_matches_definition(window, num_global, causal, offset):
     got = to_np(local_attention_mask(6, 11, window, causal, num_global, offset))
-    assert_array_equal(got, np_band(6, 11, window, causal, num_global, offset))
+    assert_array_equal(got, ref.local_band(6, 11, window, causal, num_global, offset))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -52,7 +35,7 @@ def test_blockwise_equals_dense_band(seq_len, window, num_global, causal):
     lens = np.array([seq_len, max(seq_len - 3, 0)], "int32")
     got = local_dot_product_attention(q, k, v, window, causal=causal, key_valid_lens=lens,
                                       num_global=num_global)
-    mask = np_band(seq_len, seq_len, window, causal, num_global)[None] & (
+    mask = ref.local_band(seq_len, seq_len, window, causal, num_global)[None] & (
         np.arange(seq_len)[None, None, :] < lens[:, None, None]
     )  # (B, T, T)
     expected, _ = attn_ops.dot_product_attention(q, k, v, mask=mask[:, None])
@@ -86,11 +69,11 @@ def test_never_forms_a_quadratic_tensor():
 @pytest.mark.parametrize("causal", [False, True])
 def test_layer_equals_multi_head_with_band_mask(causal):
     x, lens = rand(2, 10, 6), np.array([10, 6], "int32")
-    local = ka.LocalMultiHead(num_heads=2, key_dim=3, window=2, num_global=1)
+    local = ka.LocalMultiHead(num_heads=2, key_dim=3, sliding_window=3, num_global=1)
     dense = ka.MultiHead(num_heads=2, key_dim=3)
     dense(x), local(x)
     local.set_weights(dense.get_weights())
-    band = np_band(10, 10, 2, causal, 1)[None]
+    band = ref.local_band(10, 10, 2, causal, 1)[None]
     expected = dense(x, valid_lens=lens, attention_mask=band, use_causal_mask=causal)
     got = local(x, valid_lens=lens, use_causal_mask=causal)
     assert_allclose(to_np(got), to_np(expected), rtol=1e-5, atol=1e-5)
@@ -107,21 +90,22 @@ def test_from_keras_with_a_window_equals_keras_with_a_band_mask():
     band = np.abs(np.arange(24)[:, None] - np.arange(24)[None, :]) <= 3
     want = reference(x, x, attention_mask=np.broadcast_to(band, (2, 24, 24)))
     want = keras.ops.convert_to_numpy(want)
-    layer = ka.LocalMultiHead.from_keras(reference, window=3)
+    layer = ka.LocalMultiHead.from_keras(reference, sliding_window=4)
     assert_allclose(keras.ops.convert_to_numpy(layer(x)), want, atol=1e-5)
 
 
 def test_per_query_valid_lens_fall_back_to_dense_band():
     x, lens = rand(2, 6, 6), np.array([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]], "int32")
-    local, dense = ka.LocalMultiHead(num_heads=2, key_dim=3, window=1), ka.MultiHead(2, 3)
+    local = ka.LocalMultiHead(num_heads=2, key_dim=3, sliding_window=2)
+    dense = ka.MultiHead(2, 3)
     dense(x), local(x)
     local.set_weights(dense.get_weights())
-    expected = dense(x, valid_lens=lens, attention_mask=np_band(6, 6, 1, False, 0)[None])
+    expected = dense(x, valid_lens=lens, attention_mask=ref.local_band(6, 6, 1, False, 0)[None])
     assert_allclose(to_np(local(x, valid_lens=lens)), to_np(expected), atol=1e-6)
 
 
 def test_incremental_decoding_equals_full_sequence():
-    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, window=2)
+    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, sliding_window=3)
     x = rand(2, 7, 8)
     full = to_np(layer(x, use_causal_mask=True))
     cache = layer.init_cache(2, 7)
@@ -136,7 +120,7 @@ def test_incremental_decoding_equals_full_sequence():
 def test_implicit_mask_equals_valid_lens():
     ids = np.array([[5, 6, 7, 8, 0, 0], [4, 3, 0, 0, 0, 0]])
     embed = keras.layers.Embedding(10, 6, mask_zero=True)
-    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, window=1)
+    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, sliding_window=2)
     x = embed(ids)
     implicit = to_np(layer(x))
     explicit = to_np(layer(keras.ops.convert_to_tensor(to_np(x)), valid_lens=np.array([4, 2]),
@@ -146,20 +130,20 @@ def test_implicit_mask_equals_valid_lens():
 
 def test_dynamic_length_functional_model():
     inputs = keras.Input((None, 6))
-    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, window=3, num_global=1)
+    layer = ka.LocalMultiHead(num_heads=2, key_dim=4, sliding_window=4, num_global=1)
     model = keras.Model(inputs, layer(inputs, use_causal_mask=True))
     for length in (2, 11):
         x = rand(1, length, 6)
-        band = np_band(length, length, 3, True, 1)[None]
+        band = ref.local_band(length, length, 3, True, 1)[None]
         expected = to_np(layer(x, attention_mask=band))  # dense fallback, same weights
         assert_allclose(to_np(model(x)), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
     "init_kwargs,call_kwargs",
-    [({"num_heads": 2, "key_dim": 4, "window": 2, "num_global": 1, "dropout": 0.1,
+    [({"num_heads": 2, "key_dim": 4, "sliding_window": 3, "num_global": 1, "dropout": 0.1,
        "output_dim": 5}, {"use_causal_mask": True}),
-     ({"num_heads": 2, "key_dim": 4, "window": 3, "value_dim": 3}, {})],
+     ({"num_heads": 2, "key_dim": 4, "sliding_window": 4, "value_dim": 3}, {})],
     ids=["causal_global_dropout", "bidirectional"],
 )
 def test_layer_contract(init_kwargs, call_kwargs, tmp_path):
@@ -171,26 +155,33 @@ def test_layer_contract(init_kwargs, call_kwargs, tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs,name",
-    [({"num_heads": 2, "key_dim": 4, "window": -1}, "window"),
-     ({"num_heads": 2, "key_dim": 4, "window": 1.5}, "window"),
-     ({"num_heads": 2, "key_dim": 4, "window": 2, "num_global": -1}, "num_global"),
-     ({"num_heads": 0, "key_dim": 4, "window": 2}, "num_heads")],
+    [({"num_heads": 2, "key_dim": 4, "sliding_window": 0}, "sliding_window"),
+     ({"num_heads": 2, "key_dim": 4, "sliding_window": 1.5}, "sliding_window"),
+     ({"num_heads": 2, "key_dim": 4}, "sliding_window"),
+     ({"num_heads": 2, "key_dim": 4, "window": -1}, "window"),
+     ({"num_heads": 2, "key_dim": 4, "sliding_window": 3, "num_global": -1}, "num_global"),
+     ({"num_heads": 0, "key_dim": 4, "sliding_window": 3}, "num_heads")],
 )
 def test_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):
         ka.LocalMultiHead(**kwargs)
 
 
-def test_unaligned_keys_are_refused():
-    with pytest.raises(ValueError, match="as many keys as queries"):
-        local_dot_product_attention(rand(1, 1, 4, 2), rand(1, 1, 5, 2), rand(1, 1, 5, 2), 1)
+def test_unaligned_keys_run_the_dense_band():
+    """Keys that are not the queries' positions cannot be cut into the window's tiles: the
+    dense kernel applies the same band (`keras_attn.ops.kernel_for`)."""
+    q, k, v = rand(1, 1, 4, 2), rand(1, 1, 5, 2), rand(1, 1, 5, 2)
+    band = ref.local_band(4, 5, 1, False, 0)
+    want, _ = attn_ops.dot_product_attention(q, k, v, mask=band)
+    assert_allclose(to_np(local_dot_product_attention(q, k, v, 1)), to_np(want), atol=1e-6)
 
 
 # ---- inside the Transformer ----------------------------------------------------------------
 
 
 def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks():
-    """`attention_window=w` in a block equals the full block given the band mask |i-j| <= w."""
+    """`sliding_window=w + 1` in a block equals the full block given the band mask
+    |i-j| <= w; `attention_window=w` is its deprecated alias."""
     from keras_attn.layers import TransformerDecoderBlock, TransformerEncoderBlock
 
     rng = np.random.default_rng(3)
@@ -200,18 +191,20 @@ def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks(
     i, j = np.arange(9)[:, None], np.arange(9)[None]
     band = np.abs(i - j) <= 2
 
-    local = TransformerEncoderBlock(2, 16, attention_window=2)
+    with pytest.warns(DeprecationWarning, match="sliding_window=3"):
+        alias = TransformerEncoderBlock(2, 16, attention_window=2)
+    assert alias.get_config()["sliding_window"] == 3
+    local = TransformerEncoderBlock(2, 16, sliding_window=3)
     full = TransformerEncoderBlock(2, 16)
     local.build(x.shape), full.build(x.shape)
     full.set_weights(local.get_weights())
-    assert local.get_config()["attention_window"] == 2
     out = local(x, padding_mask=padding)
     ref = full(x, padding_mask=padding, attention_mask=np.broadcast_to(band, (2, 9, 9)))
     assert_allclose(as_np(out), as_np(ref), atol=1e-5)
 
     # Decoder: position t sees only t-2..t, so changing x[:, 0] leaves positions >= 3 as they
     # were (with full causal attention it would change every position).
-    local = TransformerDecoderBlock(2, 16, attention_window=2)
+    local = TransformerDecoderBlock(2, 16, sliding_window=3)
     full = TransformerDecoderBlock(2, 16)
     local.build(x.shape, memory.shape), full.build(x.shape, memory.shape)
     full.set_weights(local.get_weights())
@@ -230,9 +223,9 @@ def test_windowed_transformer_cached_decoding_equals_full_pass():
     from keras_attn.models import transformer_seq2seq
 
     model = transformer_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=32,
-                                dropout=0.0, attention_window=2)
+                                dropout=0.0, sliding_window=3)
     source = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
-    tokens = as_np(decoding.greedy_search(model, source, 6, eos_id=99))
+    tokens = as_np(decoding.greedy_search(model, source, 6, eos_id=None))
     prefix = np.concatenate([np.full((2, 1), 2, "int32"), tokens[:, :-1]], 1)
     logits = as_np(model([source, prefix])).copy()
     logits[..., [0, 2]] = -np.inf  # never emitted by the search

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+import reference as ref
 from backend_utils import examples, to_np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_kernels import np_mask
 
 from keras_attn import ops as attn_ops
 from keras_attn.ops import AttentionMask
@@ -45,7 +45,7 @@ def mask_parts(draw):
 def test_tiles_equal_the_definition_and_key_ranges_hold_every_visible_key(parts, data):
     batch, query_len, key_len, build, spec, query_valid = parts
     mask = AttentionMask.build(query_len, key_len, batch, **build)
-    want = np_mask(batch, query_len, key_len, **spec)  # the keys' rules, queries apart
+    want = ref.combined_mask(batch, query_len, key_len, **spec)  # the keys' rules, queries apart
     block = mask.block()
     got = np.ones_like(want) if block is None else np.broadcast_to(to_np(block) > 0, want.shape)
     np.testing.assert_array_equal(got, want)
@@ -77,7 +77,7 @@ def test_padding_hides_the_padded_keys_and_queries():
                                attention_mask=np.ones((2, 5, 6), bool))
     padded = mask.padded(3, 2)  # (8, 8)
     tile = to_np(padded.block()) > 0
-    np.testing.assert_array_equal(tile[:, :5, :6], np_mask(2, 5, 6, np.array([6, 3]), True))
+    np.testing.assert_array_equal(tile[:, :5, :6], ref.combined_mask(2, 5, 6, np.array([6, 3]), True))
     assert not tile[:, :, 6:].any() and not tile[:, 5:].any()
 
 
@@ -87,22 +87,22 @@ def test_appended_keys_are_visible_to_every_query():
     appended = mask.append_keys(2)
     tile = to_np(appended.block()) > 0
     assert tile.shape[-1] == 7 and tile[..., 5:].all()
-    np.testing.assert_array_equal(tile[..., :5], np_mask(2, 4, 5, np.array([5, 0]), True))
+    np.testing.assert_array_equal(tile[..., :5], ref.combined_mask(2, 4, 5, np.array([5, 0]), True))
     assert appended.query_valid is mask.query_valid
 
 
 def test_compatibility_helpers_agree_with_the_representation():
     lens = np.array([3, 1])
     np.testing.assert_array_equal(to_np(attn_ops.valid_lens_mask(lens, 2, 4)) > 0,
-                                  np_mask(2, 1, 4, lens))
+                                  ref.combined_mask(2, 1, 4, lens))
     merged = attn_ops.merge_masks(2, 4, valid_lens=lens, use_causal_mask=True,
                                   query_mask=np.array([[True, False], [True, True]]))
-    want = np_mask(2, 2, 4, lens, True, query_valid=np.array([[True, False], [True, True]]))
+    want = ref.combined_mask(2, 2, 4, lens, True, query_valid=np.array([[True, False], [True, True]]))
     np.testing.assert_array_equal(np.broadcast_to(to_np(merged) > 0, want.shape), want)
     np.testing.assert_array_equal(to_np(attn_ops.causal_mask(3, 5, offset=1)) > 0,
-                                  np_mask(1, 3, 5, causal=True, offset=1)[0])
+                                  ref.combined_mask(1, 3, 5, causal=True, offset=1)[0])
     band = to_np(attn_ops.local_attention_mask(6, 6, 1, causal=True, num_global=1)) > 0
-    np.testing.assert_array_equal(band, np_mask(1, 6, 6, causal=True, window=1,
+    np.testing.assert_array_equal(band, ref.combined_mask(1, 6, 6, causal=True, window=1,
                                                 num_global=1)[0])
 
 

@@ -6,23 +6,27 @@ import keras
 import numpy as np
 import pytest
 import reference as ref
-from backend_utils import layer_value_and_grads, to_np
-from layer_test_utils import run_layer_test
+from backend_utils import rand, to_np
+from layer_test_utils import (
+    assert_same_values_and_gradients,
+    build_alike,
+    run_layer_test,
+)
 
 import keras_attn as ka
 
 rng = np.random.default_rng(0)
 
 
-def rand(*shape, scale=1.0):
-    return (scale * rng.standard_normal(shape)).astype("float32")
-
 
 def visible_mask(batch, t, s):
-    """A random mask in which every query sees key 0 (no fully masked row: Keras gives those
-    uniform weights, keras_attn zero weights)."""
+    """A random mask in which every query sees key 0 and the key at its own position (no
+    fully masked row, even inside a sliding window: Keras gives those uniform weights,
+    keras_attn zero weights)."""
     mask = rng.random((batch, t, s)) < 0.6
     mask[..., 0] = True
+    diagonal = np.arange(min(t, s))
+    mask[:, diagonal, diagonal] = True
     return mask
 
 
@@ -137,13 +141,9 @@ def test_chunked_equals_dense_with_position_biases_values_and_gradients(position
     if position_encoding == "relative":
         layers[0].position_encoding.table.assign(rand(32, 4))
     layers[1].set_weights(layers[0].get_weights())
-    d_out = rand(2, 11, 8)
-    call = {"use_causal_mask": True, "valid_lens": np.array([11, 7], "int32")}
-    (out_d, grads_d), (out_c, grads_c) = (layer_value_and_grads(layer, [x], d_out, **call)
-                                          for layer in layers)
-    np.testing.assert_allclose(out_c, out_d, atol=1e-5)
-    for got, want in zip(grads_c, grads_d):
-        np.testing.assert_allclose(got, want, atol=1e-4)
+    _, (_, grads_c) = assert_same_values_and_gradients(
+        layers, [x], rand(2, 11, 8), use_causal_mask=True,
+        valid_lens=np.array([11, 7], "int32"))
     if position_encoding == "relative":
         assert np.abs(grads_c[-1]).max() > 1e-4  # the table learns
 
@@ -235,7 +235,7 @@ def test_token_and_position_embedding_adds_the_position_rows():
     (lambda: ka.MultiHead(4, 4, output_shape=(0, 2)), "output_shape"),
     (lambda: ka.MultiHead(4, 4, sliding_window=0), "sliding_window"),
     (lambda: ka.MultiHead(4, 4, use_gate="yes"), "use_gate"),
-    (lambda: ka.LocalMultiHead(4, 4, window=2, sliding_window=3), "sliding_window"),
+    (lambda: ka.LocalMultiHead(4, 4, window=2, sliding_window=4), "sliding_window"),
     (lambda: ka.RotaryEmbedding(scaling_factor=0.5), "scaling_factor"),
     (lambda: ka.RelativePositionBias(num_buckets=1), "num_buckets"),
     (lambda: ka.AlibiBias(max_bias=float("nan")), "max_bias"),
@@ -243,3 +243,83 @@ def test_token_and_position_embedding_adds_the_position_rows():
 def test_bad_arguments_name_the_argument(make, arg):
     with pytest.raises(ValueError, match=arg):
         make()
+
+
+# ---- issue 26: cross-attention positions, shared biases, grouped heads ------------------------
+
+def test_rotary_cross_attention_is_the_same_with_or_without_the_cache():
+    """One rule (26.4): keys are rotated at their place in the key sequence, whether they come
+    in as `key` or through `compute_cache`; queries at `cache_update_index + t` (0 here)."""
+    layer = ka.MultiHead(num_heads=2, key_dim=8, position_encoding="rope", use_bias=False)
+    query, memory = rand(2, 3, 6), rand(2, 5, 6)
+    direct = to_np(layer(query, memory))
+    cached, _ = layer(query, cache=layer.compute_cache(memory))
+    np.testing.assert_allclose(to_np(cached), direct, atol=1e-5)
+    wq, wk, wv, wo = (to_np(d.kernel) for d in (layer.query_dense, layer.key_dense,
+                                                 layer.value_dense, layer.output_dense))
+
+    def heads(x, w):
+        return (x @ w).reshape(2, -1, 2, 8).transpose(0, 2, 1, 3)  # (B, H, L, d)
+
+    q = ref.rope(heads(query, wq), np.arange(3))
+    k = ref.rope(heads(memory, wk), np.arange(5))
+    context, _ = ref.attention(q, k, heads(memory, wv))
+    np.testing.assert_allclose(direct, context.transpose(0, 2, 1, 3).reshape(2, 3, 16) @ wo,
+                               atol=1e-5)
+
+
+def test_one_relative_bias_shared_by_several_layers_saves_and_loads(tmp_path):
+    """The T5 arrangement (26.14): one RelativePositionBias serves every layer; the `.keras`
+    file holds it once and loads back one shared layer with the same outputs."""
+    shared = ka.RelativePositionBias(embeddings_initializer="random_normal", name="t5_bias")
+    x = keras.Input((5, 8))
+    h = ka.MultiHead(2, 4, position_encoding=shared, name="first")(x)
+    h = ka.MultiHead(2, 4, position_encoding=shared, name="second")(h, use_causal_mask=True)
+    model = keras.Model(x, h)
+    data = rand(2, 5, 8)
+    want = to_np(model(data))
+    path = str(tmp_path / "t5.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_array_equal(to_np(loaded(data)), want)
+    first, second = loaded.get_layer("first"), loaded.get_layer("second")
+    assert first.position_encoding is second.position_encoding
+    first.position_encoding.table.assign(np.zeros((32, 2), "float32"))
+    assert np.abs(to_np(loaded(data)) - want).max() > 1e-4  # one table moves both layers
+    loaded.save(str(tmp_path / "again.keras"))  # still shared when saved again
+    again = keras.saving.load_model(str(tmp_path / "again.keras"))
+    assert again.get_layer("first").position_encoding is again.get_layer(
+        "second").position_encoding
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_heads_on_the_local_kernel_equal_the_dense_band(causal):
+    """Grouped-query attention with a sliding window on the local kernel (26.16: TensorFlow
+    refused its 6-D softmax), values and gradients as the dense kernel's."""
+    layers = [ka.MultiHead(num_heads=4, key_dim=4, num_key_value_heads=2, sliding_window=3,
+                           implementation=impl) for impl in ("dense", "local")]
+    x = rand(2, 11, 8)
+    build_alike(layers, x)
+    assert_same_values_and_gradients(layers, [x], rand(2, 11, 8), use_causal_mask=causal,
+                                     valid_lens=np.array([11, 6], "int32"))
+
+
+@pytest.mark.parametrize("implementation", ["dense", "chunked"])
+def test_a_per_head_bias_follows_the_query_heads_under_grouping(implementation):
+    """`attention_bias` of shape (H, T, S) or (B, H, T, S) with grouped heads (26.17): each
+    query head gets its own slice, as the per-head reference computes it."""
+    layer = ka.MultiHead(num_heads=4, key_dim=4, num_key_value_heads=2, use_bias=False,
+                         implementation=implementation)
+    x = rand(2, 5, 8)
+    bias = rand(4, 5, 5)
+    got = to_np(layer(x, attention_bias=bias))
+    np.testing.assert_allclose(to_np(layer(x, attention_bias=np.broadcast_to(
+        bias, (2, 4, 5, 5)))), got, atol=1e-5)
+    wq, wk, wv, wo = (to_np(d.kernel) for d in (layer.query_dense, layer.key_dense,
+                                                 layer.value_dense, layer.output_dense))
+    q = (x @ wq).reshape(2, 5, 2, 2, 4).transpose(0, 2, 3, 1, 4)  # (B, H_kv, G, T, d)
+    k = (x @ wk).reshape(2, 5, 2, 1, 4).transpose(0, 2, 3, 1, 4)  # (B, H_kv, 1, S, d)
+    v = (x @ wv).reshape(2, 5, 2, 1, 4).transpose(0, 2, 3, 1, 4)
+    context, _ = ref.attention(q, k, v, bias=bias.reshape(1, 2, 2, 5, 5))
+    want = context.reshape(2, 4, 5, 4).transpose(0, 2, 1, 3).reshape(2, 5, 16) @ wo
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -4,16 +4,17 @@ cache, the fused backward, dropout, and the argument checks."""
 import keras
 import numpy as np
 import pytest
-from backend_utils import layer_value_and_grads, to_np
-from layer_test_utils import run_layer_test
+from backend_utils import layer_value_and_grads, rand, to_np
+from layer_test_utils import (
+    assert_same_values_and_gradients,
+    build_alike,
+    run_layer_test,
+)
 
 import keras_attn as ka
 
 rng = np.random.default_rng(0)
 
-
-def rand(*shape, scale=1.0):
-    return (scale * rng.standard_normal(shape)).astype("float32")
 
 
 def twins(cls=ka.MultiHead, implementations=("dense", "chunked"), **kwargs):
@@ -24,13 +25,6 @@ def twins(cls=ka.MultiHead, implementations=("dense", "chunked"), **kwargs):
         layers.append(cls(num_heads=3, key_dim=4, value_dim=5, output_dim=7,
                           implementation=implementation, **extra, **kwargs))
     return layers
-
-
-def build_alike(layers, *inputs, **call):
-    for layer in layers:
-        layer(*inputs, **call)
-    for layer in layers[1:]:
-        layer.set_weights(layers[0].get_weights())
 
 
 MASKINGS = ["none", "valid_lens", "valid_lens_2d", "causal", "lens_and_causal",
@@ -63,12 +57,8 @@ def test_chunked_equals_dense_values_and_gradients_with_the_same_weights(masking
     call = call_for(masking, 2, 8, key.shape[1])
     layers = twins()
     build_alike(layers, *inputs)
-    d_out = rand(2, 8, 7)
-    (out_d, grads_d), (out_c, grads_c) = (
-        layer_value_and_grads(layer, inputs, d_out, **call) for layer in layers)
-    np.testing.assert_allclose(out_c, out_d, atol=1e-4)
-    for got, want in zip(grads_c, grads_d):
-        np.testing.assert_allclose(got, want, atol=1e-4)
+    _, (out_c, _) = assert_same_values_and_gradients(layers, inputs, rand(2, 8, 7), atol=1e-4,
+                                                     **call)
     if masking == "padding":  # padded queries: the output projection of a zero context
         np.testing.assert_allclose(out_c[1, 3:], np.broadcast_to(
             to_np(layers[1].output_dense.bias), (5, 7)), atol=1e-6)
@@ -81,15 +71,11 @@ def test_local_kernels_equal_dense_with_the_band(causal, masking):
     attention mask makes the local kernel fall back to dense)."""
     x = rand(2, 13, 6)
     call = call_for(masking, 2, 13, 13)
-    layers = twins(ka.LocalMultiHead, ("dense", "local", "chunked"), window=2, num_global=1)
+    layers = twins(ka.LocalMultiHead, ("dense", "local", "chunked"), sliding_window=3,
+                   num_global=1)
     build_alike(layers, x)
-    d_out = rand(2, 13, 7)
-    results = [layer_value_and_grads(layer, [x], d_out, use_causal_mask=causal, **call)
-               for layer in layers]
-    for out, grads in results[1:]:
-        np.testing.assert_allclose(out, results[0][0], atol=1e-4)
-        for got, want in zip(grads, results[0][1]):
-            np.testing.assert_allclose(got, want, atol=1e-4)
+    assert_same_values_and_gradients(layers, [x], rand(2, 13, 7), atol=1e-4,
+                                     use_causal_mask=causal, **call)
 
 
 @pytest.mark.parametrize("training", [False, True])
@@ -188,3 +174,24 @@ def test_chunked_refuses_to_return_weights():
     layer = ka.MultiHead(num_heads=2, key_dim=4, implementation="chunked")
     with pytest.raises(ValueError, match="return_attention_scores"):
         layer(rand(1, 3, 8), return_attention_scores=True)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "chunked"])
+def test_a_cache_implies_its_causal_offset(implementation):
+    """Without `use_causal_mask` (26.6) the cache still hides the slots after each query
+    (they are not written yet): step by step equals the causal full pass."""
+    x = rand(2, 5, 6)
+    layers = twins()
+    build_alike(layers, x)
+    layer = layers[implementation == "chunked"]
+    full = to_np(layers[0](x, use_causal_mask=True))
+    cache = layer.init_cache(2, 5)
+    steps = []
+    for i in range(5):
+        out, cache = layer(x[:, i:i + 1], cache=cache, cache_update_index=i)
+        steps.append(to_np(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+    chunk, _ = layer(x[:, 2:4], cache=layer.init_cache(2, 5), cache_update_index=2)
+    window, _ = layer(x[:, 2:4], cache=layer.init_cache(2, 5), cache_update_index=2,
+                      use_causal_mask=True)
+    np.testing.assert_allclose(to_np(chunk), to_np(window), atol=1e-6)

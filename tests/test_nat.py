@@ -416,7 +416,7 @@ def test_cmlm_decoder_contract(tmp_path):
 def test_length_predictor_contract(tmp_path):
     from layer_test_utils import run_layer_test
 
-    from keras_attn.layers import LengthPredictor
+    from keras_attn.models import LengthPredictor
 
     enc = np.random.default_rng(1).standard_normal((3, 5, 8)).astype("float32")
     run_layer_test(

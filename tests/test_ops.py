@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import reference as ref
-from backend_utils import examples, value_and_grads
+from backend_utils import examples, to_np, value_and_grads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -13,22 +13,6 @@ from keras_attn import ops as attn_ops
 
 DTYPES = ("float32", "float16", "bfloat16")
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
-
-
-def np_masked_softmax(x, mask):
-    """softmax over the last axis restricted to `mask`; rows with no True give zeros: the
-    reference's attention weights of scores `x` (scale 1, identity keys)."""
-    eye = np.eye(x.shape[-1])
-    _, weights = ref.attention(x, eye, eye, mask=mask, scale=1.0)
-    return weights
-
-
-def np_attention(q, k, v, mask):
-    return ref.attention(q, k, v, mask=mask)
-
-
-def to_np(x):
-    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
 
 
 def test_sequence_mask_and_causal_mask():
@@ -52,14 +36,14 @@ def test_masked_softmax_valid_lens_like_d2l():
     x = np.random.rand(2, 2, 4).astype("float32")
     out = to_np(attn_ops.masked_softmax(x, valid_lens=np.array([2, 3])))
     mask = np.arange(4) < np.array([2, 3])[:, None, None]
-    np.testing.assert_allclose(out, np_masked_softmax(x, np.broadcast_to(mask, x.shape)),
+    np.testing.assert_allclose(out, ref.masked_softmax(x, np.broadcast_to(mask, x.shape)),
                                atol=1e-6)
     assert np.all(out[0, :, 2:] == 0) and np.all(out[1, :, 3:] == 0)
 
     lens2 = np.array([[1, 3], [2, 4]])
     out2 = to_np(attn_ops.masked_softmax(x, valid_lens=lens2))
     mask2 = np.arange(4) < lens2[..., None]
-    np.testing.assert_allclose(out2, np_masked_softmax(x, mask2), atol=1e-6)
+    np.testing.assert_allclose(out2, ref.masked_softmax(x, mask2), atol=1e-6)
 
 
 def test_masked_softmax_fully_masked_row_is_zero_with_zero_gradient():
@@ -77,7 +61,7 @@ def test_masked_softmax_4d_scores_with_valid_lens():
     lens = np.array([[1, 2, 3, 6], [0, 6, 4, 2]])
     out = to_np(attn_ops.masked_softmax(x, valid_lens=lens))
     mask = (np.arange(6) < lens[:, None, :, None])
-    np.testing.assert_allclose(out, np_masked_softmax(x, np.broadcast_to(mask, x.shape)),
+    np.testing.assert_allclose(out, ref.masked_softmax(x, np.broadcast_to(mask, x.shape)),
                                atol=1e-6)
 
 
@@ -95,7 +79,7 @@ def test_dot_product_attention_matches_formula_and_checks_depth():
     mask = np.random.rand(2, 3, 5) > 0.4
     mask[0, 1] = False  # a row with nothing to attend to
     out, w = attn_ops.dot_product_attention(q, k, v, mask=mask)
-    ref_out, ref_w = np_attention(q, k, v, mask)
+    ref_out, ref_w = ref.attention(q, k, v, mask)
     np.testing.assert_allclose(to_np(w), ref_w, atol=1e-5)
     np.testing.assert_allclose(to_np(out), ref_out, atol=1e-5)
     assert np.all(to_np(out)[0, 1] == 0.0)
@@ -112,11 +96,11 @@ def test_dot_product_attention_matches_formula_and_checks_depth():
 def test_dot_product_attention_dropout_only_in_training():
     q = np.random.randn(1, 4, 8).astype("float32")
     out_eval, _ = attn_ops.dot_product_attention(q, q, q, dropout_rate=0.5, training=False)
-    ref, _ = np_attention(q, q, q, np.ones((1, 4, 4), bool))
-    np.testing.assert_allclose(to_np(out_eval), ref, atol=1e-5)
+    want, _ = ref.attention(q, q, q, np.ones((1, 4, 4), bool))
+    np.testing.assert_allclose(to_np(out_eval), want, atol=1e-5)
     out_train, _ = attn_ops.dot_product_attention(q, q, q, dropout_rate=0.5, training=True,
                                                   seed=3)
-    assert not np.allclose(to_np(out_train), ref, atol=1e-3)
+    assert not np.allclose(to_np(out_train), want, atol=1e-3)
 
 
 @st.composite
@@ -146,8 +130,8 @@ def test_masked_softmax_properties(dtype, data):
     row_sums = y32.sum(-1)
     expected = mask.any(-1).astype(np.float32)
     np.testing.assert_allclose(row_sums, expected, atol=TOL[dtype] * scores.shape[-1])
-    ref = np_masked_softmax(to_np(x), mask)
-    np.testing.assert_allclose(y32, ref, atol=TOL[dtype] * 2)
+    want = ref.masked_softmax(to_np(x), mask)
+    np.testing.assert_allclose(y32, want, atol=TOL[dtype] * 2)
 
 
 @st.composite
@@ -177,6 +161,6 @@ def test_dot_product_attention_properties(dtype, data):
         assert np.all(np.isfinite(to_np(g)))
     empty_rows = ~mask.any(-1)  # (B, T): these attend nowhere -> zero outputs
     assert np.all(out32.transpose(0, 2, 1, 3)[empty_rows] == 0.0)
-    ref_out, ref_w = np_attention(*(to_np(a) for a in (tq, tk, tv)), mask[:, None])
+    ref_out, ref_w = ref.attention(*(to_np(a) for a in (tq, tk, tv)), mask[:, None])
     np.testing.assert_allclose(w32, ref_w, atol=TOL[dtype] * 4)
     np.testing.assert_allclose(out32, ref_out, atol=TOL[dtype] * 20)

@@ -74,7 +74,7 @@ def test_position_biases_on_every_kernel_equal_the_reference(kernel, kind):
             bias = attn_ops.AlibiBias(heads, symmetric=kind == "alibi_symmetric")
         mask = AttentionMask.build(t, s, batch, valid_lens=lens, use_causal_mask=True,
                                    causal_offset=offset)
-        return attn_ops.dot_product_attention(q, k, v, mask, causal_offset=offset,
+        return attn_ops.dot_product_attention(q, k, v, mask,
                                               position_bias=bias, **KERNELS[kernel])[0]
 
     out, grads = value_and_grads(fn, [q, k, v, table], d_out)

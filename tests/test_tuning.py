@@ -9,6 +9,7 @@ from backend_utils import to_np, value_and_grads
 
 from keras_attn import ops as attn_ops
 from keras_attn import tuning
+from keras_attn.ops import AttentionMask
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
@@ -32,8 +33,8 @@ def test_switches_change_no_values_or_gradients(switches, implementation):
     lens = np.array([19])
 
     def fn(q, k, v):
-        return attn_ops.dot_product_attention(q, k, v, valid_lens=lens, use_causal_mask=True,
-                                              implementation=implementation,
+        mask = AttentionMask.build(23, 23, 1, valid_lens=lens, use_causal_mask=True)
+        return attn_ops.dot_product_attention(q, k, v, mask, implementation=implementation,
                                               return_weights=False)[0]
 
     with tuning.configure(**switches):
@@ -157,9 +158,10 @@ def test_kernels_under_xla_and_with_unknown_shapes_equal_the_reference(implement
     def loss_and_grads(q, k, v, lens):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
+            mask = AttentionMask.build(tf.shape(q)[2], tf.shape(k)[2], q.shape[0],
+                                       valid_lens=lens, use_causal_mask=True)
             out = attn_ops.dot_product_attention(
-                q, k, v, valid_lens=lens, use_causal_mask=True, implementation=implementation,
-                return_weights=False, **blocks)[0]
+                q, k, v, mask, implementation=implementation, return_weights=False, **blocks)[0]
             loss = tf.reduce_sum(out * g)
         return out, tape.gradient(loss, [q, k, v])
 

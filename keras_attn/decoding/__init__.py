@@ -5,7 +5,9 @@
 - `generate`: continuations of prompts by causal language models (`causal_lm`);
 - `loops`: the greedy/sampling and beam loops, which know no model;
 - `choices`: the most likely token, or a seeded sample (temperature, top-k, top-p);
-- `compiled`: one compiled program per model and settings.
+- `compiled`: one compiled program per model and settings;
+- `checks`: what the functions are given (settings, token ids, lengths, the end token),
+  checked in Python when the values are known, in the compiled program when they are not.
 """
 
 from keras_attn.decoding.causal_lm import generate

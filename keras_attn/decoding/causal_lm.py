@@ -1,17 +1,14 @@
 """Generation with decoder-only language models: greedy, beam, or sampled continuations of a
 batch of prompts, one compiled loop over the static cache.
 
-The contract (kept by `keras_attn.layers.TransformerDecoderOnly`, the layer named `"decoder"`
-of `keras_attn.models.causal_lm`):
-
-- `state = decoder.init_decode_state(batch_size, max_length)`: caches preallocated to
-  `max_length` positions, batch on axis 0;
-- `logits, state, attention = decoder.decode_step(token_ids, index, state)`: `token_ids` int32
-  `(B,)` at position `index`, or `(B, T)` at positions `index, ...` (the prompt at once), and
-  float32 logits `(B, V)` (or `(B, T, V)`) predicting the next position.
+The model's layer named `"decoder"` keeps the decoding contract of
+`keras_attn.decoding.contract.Decoder` (`keras_attn.models.TransformerDecoderOnly`, the decoder
+of `keras_attn.models.causal_lm`, does).
 
 Prompts are right-padded with 0 (each row at least one token, e.g. `<bos>`); a row's
-prompt tokens are kept as they are and its generated tokens follow them.
+prompt tokens are kept as they are and its generated tokens follow them. Other layouts are
+refused, not guessed at: left padding would need a padding mask over the cache, which the
+contract does not carry.
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn._checks import check_int, check_number, check_one_of
-from keras_attn.decoding import choices, compiled, loops
-from keras_attn.decoding.seq2seq import check_sampling
+from keras_attn.decoding import checks, choices, compiled, contract, loops
 from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID
 
 STRATEGIES = ("greedy", "sample", "beam")
@@ -42,12 +38,15 @@ def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed
         [prompt_ids, ops.zeros((batch, max_length - prompt_len), "int32")], axis=1)  # (B, L)
     state = decoder.init_decode_state(batch, max_length)
     # The prompt at once, but for each row's last prompt token, which the loop feeds.
-    _, state, _ = decoder.decode_step(prompt_ids, 0, state)
-    limits = ops.minimum(lengths + ops.cast(max_new_tokens, "int32"), max_length)
+    step = contract.step_function(decoder, return_attention)
+    _, state, _ = contract.step_function(decoder, False)(prompt_ids, 0, state)
+    # Each row ends at its prompt length plus `max_new_tokens`, or at `max_length`; written
+    # so that no sum can exceed int32 (`max_new_tokens` may be 2**31 - 1).
+    limits = lengths + ops.minimum(max_new_tokens, max_length - lengths)  # (B,)
     banned = (PAD_ID, BOS_ID)
     if strategy == "beam":
         tokens, scores, attention = loops.beam_loop(
-            decoder.decode_step, state, tokens, lengths, eos_id, banned, beam_size, alpha,
+            step, state, tokens, lengths, eos_id, banned, beam_size, alpha,
             return_attention)
     else:
         def choose(logits, index):
@@ -59,7 +58,7 @@ def _generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed
                              choices.greedy(logits))
 
         tokens, scores, attention = loops.token_loop(
-            decoder.decode_step, state, tokens, lengths, eos_id, banned, choose,
+            step, state, tokens, lengths, eos_id, banned, choose,
             return_attention, alpha, return_scores, limits)
     outputs = (tokens,)
     if return_attention:
@@ -81,7 +80,7 @@ def generate(
     seed=0,
     beam_size: int = 4,
     length_penalty: float = 0.6,
-    eos_id: int = EOS_ID,
+    eos_id: int | None = EOS_ID,
     return_attention: bool = False,
     return_scores: bool = False,
     jit_compile: bool = False,
@@ -91,19 +90,27 @@ def generate(
     Args:
         model: a keras_attn causal LM (a layer `"decoder"` keeping this module's contract),
             e.g. from `keras_attn.models.causal_lm`.
-        prompt_ids: integer `(B, P)` prompts, right-padded with 0, each with at least one
-            token (e.g. `<bos>`).
+        prompt_ids: integer `(B, P)` prompts, right-padded with 0: each row its tokens, at
+            least one (e.g. `<bos>`), then only 0. Left padding, a 0 between tokens, an
+            all-padding row and ids outside the vocabulary are refused (module docstring of
+            `keras_attn.decoding.checks`: a ValueError, or a failed call for a tensor whose
+            value is known only when the graph runs).
         max_length: int, the positions of the cache and of the output, prompt included
-            (at least `P + 1`).
-        max_new_tokens: optional int or scalar tensor, tokens to add at most per row (not
-            with `"beam"`). Defaults to `None` (up to `max_length`).
+            (at least `P + 1`, at most `2**31 - 2`).
+        max_new_tokens: optional positive int or scalar int tensor, tokens to add at most per
+            row (not with `"beam"`); any value from `max_length` up (e.g. `2**31 - 1`) is the
+            same as `None`. Defaults to `None` (up to `max_length`).
         strategy: `"greedy"`, `"sample"` or `"beam"`. Defaults to `"greedy"`.
         temperature, top_k, top_p, seed: the sampling filter and seed (see
-            `keras_attn.decoding.sample`); scalars or scalar tensors. Defaults to `1.0`, `0`,
-            `1.0`, `0`.
+            `keras_attn.decoding.sample`); scalars or scalar tensors, checked whatever the
+            strategy: a NaN, negative or out-of-range value is refused (Python values and
+            eager tensors: ValueError; tensors inside a graph: the call fails with the same
+            message), never replaced. Defaults to `1.0`, `0`, `1.0`, `0`.
         beam_size: int, hypotheses per prompt with `"beam"`. Defaults to `4`.
         length_penalty: float >= 0, GNMT's exponent (beam ranking, scores). Defaults to `0.6`.
-        eos_id: int, the end token. Defaults to `keras_attn.tokens.EOS_ID` (3).
+        eos_id: int, the end token, a token the model can emit (below its vocabulary size,
+            not padding or `<bos>`); `None`: no end token, every row runs to its limit.
+            Defaults to `keras_attn.tokens.EOS_ID` (3).
         return_attention: bool, also return every step's attention
             `(B, max_length - 1, num_layers, num_heads, max_length)`. Defaults to `False`.
         return_scores: bool, also return each continuation's normalized log-probability
@@ -119,16 +126,15 @@ def generate(
     ...                   strategy="sample", temperature=0.8, top_p=0.9, seed=7)
     """
     check_one_of("strategy", strategy, STRATEGIES)
-    check_int("max_length", max_length, 2)
-    check_int("eos_id", eos_id, 0)
+    checks.length("max_length", max_length, 2)
     check_int("beam_size", beam_size, 1)
     check_number("length_penalty", length_penalty, 0)
-    prompt_ids = ops.convert_to_tensor(prompt_ids, "int32")
-    if len(prompt_ids.shape) != 2:
-        raise ValueError(
-            "Argument `prompt_ids` must have shape (batch_size, prompt_length). Received: "
-            f"prompt_ids.shape={tuple(prompt_ids.shape)}"
-        )
+    max_length, beam_size = int(max_length), int(beam_size)
+    decoder = _decoder(model)
+    vocab_size = checks.vocab_size(decoder)
+    checks.end_token(eos_id, vocab_size, (PAD_ID, BOS_ID))
+    eos_id = None if eos_id is None else int(eos_id)
+    prompt_ids = checks.token_ids("prompt_ids", prompt_ids, vocab_size, right_padded=True)
     prompt_len = prompt_ids.shape[1]
     if prompt_len is not None and not 0 < prompt_len < max_length:
         raise ValueError(
@@ -141,20 +147,11 @@ def generate(
             "ranked over its whole length): set `max_length` instead. Received: "
             f"max_new_tokens={max_new_tokens!r}"
         )
-    if max_new_tokens is None:
-        max_new_tokens = max_length
-    elif isinstance(max_new_tokens, int):
-        check_int("max_new_tokens", max_new_tokens, 1)
-    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
-                        ("seed", seed)):
-        if hasattr(value, "shape") and len(value.shape) != 0:
-            raise ValueError(f"Argument `{name}` must be a scalar. Received: {name}={value!r}")
-    if not any(hasattr(v, "shape") for v in (temperature, top_k, top_p, seed)):
-        check_sampling(temperature, top_k, top_p, seed)
-    _decoder(model)
-    params = tuple(ops.convert_to_tensor(value, dtype) for value, dtype in (
-        (max_new_tokens, "int32"), (temperature, "float32"), (top_k, "int32"),
-        (top_p, "float32"), (seed, "int32"), (length_penalty, "float32")))
+    settings = checks.settings(
+        caps={"max_new_tokens": max_length},
+        max_new_tokens=max_length if max_new_tokens is None else max_new_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    params = tuple(settings.values()) + (ops.convert_to_tensor(float(length_penalty)),)
     outputs = compiled.run(
         _generate, model, (prompt_ids,) + params,
         {"strategy": strategy, "max_length": max_length, "eos_id": eos_id,

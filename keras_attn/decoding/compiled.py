@@ -12,6 +12,8 @@ import weakref
 
 import keras
 
+from keras_attn.decoding.contract import Decoder
+
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -60,18 +62,24 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
 
 
 def contract_layer(model, name: str, kind: str, methods=("init_decode_state", "decode_step")):
-    """The layer `name` of `model`, with the decoding methods `methods`, or a ValueError
-    that says what `model` must be (`kind`)."""
+    """The layer `name` of `model`, or a ValueError that says what `model` must be (`kind`).
+
+    With `methods` (the default) the layer must keep the decoding contract,
+    `keras_attn.decoding.contract.Decoder`; `methods=()` only looks the layer up.
+    """
     try:
         layer = model.get_layer(name)
     except (AttributeError, ValueError) as error:
         raise ValueError(
             f"Argument `model` must be {kind}. Received: model={model!r}"
         ) from error
-    for method in methods:
-        if not callable(getattr(layer, method, None)):
-            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
-                f"Argument `model` has a {name!r} layer without a `{method}` method, so it "
-                f"cannot be decoded step by step. Received: {name}={layer!r}"
-            )
+    if not methods:
+        return layer
+    missing = [method for method in methods if not callable(getattr(layer, method, None))]
+    if missing or not isinstance(layer, Decoder):
+        raise ValueError(
+            f"Argument `model` has a {name!r} layer without a `{(missing or methods)[0]}` "
+            "method, so it cannot be decoded step by step (see "
+            f"keras_attn.decoding.contract.Decoder). Received: {name}={layer!r}"
+        )
     return layer

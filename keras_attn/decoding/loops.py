@@ -2,11 +2,14 @@
 step over a static-shape cache, the whole batch at once, stopping when every sequence is done.
 
 Both loops know no model. They drive a `step(token_ids, index, state)` function returning
-`(logits, state, attention)`: `token_ids` int32 `(N,)` is the token at position `index` (a
-scalar int32 tensor), `logits` float32 `(N, V)` predict position `index + 1`, `attention` is
-that step's attention `(N, ...)` (or an empty tensor). Sequences are `(B, L)` token buffers:
-each row's first `prompt_lengths[b]` tokens are given (forced), the rest is chosen. A token
-chosen after a row emitted `eos_id` is padding.
+`(logits, state, attention)` (`keras_attn.decoding.contract.Decoder.decode_step`): `token_ids`
+int32 `(N,)` is the token at position `index` (a scalar int32 tensor), `logits` float32
+`(N, V)` predict position `index + 1`, `attention` is that step's attention `(N, ...)`, read
+only with `return_attention=True` (it may be None otherwise). Sequences are `(B, L)` token
+buffers: each row's first `prompt_lengths[b]` tokens are given (forced), the rest is chosen. A token
+chosen after a row emitted `eos_id` is padding; with `eos_id=None` no token ends a row. An
+`eos_id` the model cannot emit (outside its logits, or one of the tokens never emitted) is
+refused with a ValueError when the loop is built.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.decoding import choices
+from keras_attn.decoding import checks, choices
 from keras_attn.tokens import PAD_ID
 
 NEG = choices.NEG
@@ -39,6 +42,21 @@ def _zero_rows(done, values):
     return ops.where(done, ops.zeros_like(values), values)
 
 
+def _ends(token, eos_id):
+    """Boolean: `token` is the end token (never, with `eos_id=None`)."""
+    if eos_id is None:
+        return ops.zeros_like(token, "bool")
+    return ops.equal(token, eos_id)
+
+
+def _check_end_token(logits, eos_id, never_emitted) -> None:
+    """The ValueError of `checks.end_token`, with the vocabulary read from the logits' static
+    shape (when it is known)."""
+    vocab_size = logits.shape[-1]
+    checks.end_token(eos_id, vocab_size if isinstance(vocab_size, int) else None,
+                     never_emitted)
+
+
 def _masked_logits(logits, never_emitted: tuple):
     """float32 logits with the tokens `never_emitted` (ids) at `NEG`."""
     logits = ops.cast(logits, "float32")
@@ -53,7 +71,7 @@ def length_penalty(lengths, alpha):
     return ops.power((5.0 + ops.cast(lengths, "float32")) / 6.0, ops.cast(alpha, "float32"))
 
 
-def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, choose,
+def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emitted, choose,
                return_attention: bool = False, alpha=0.0, return_scores: bool = True,
                limits=None):
     """Greedy search or sampling: at each step `choose(logits, index)` picks the next token.
@@ -63,7 +81,7 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, 
         state: the decoding state after the prompt's positions before `min(prompt_lengths) - 1`.
         tokens: int32 `(B, L)`: the prompts, then anything.
         prompt_lengths: int32 `(B,)`, each at least 1.
-        eos_id: the end token.
+        eos_id: the end token, or None (none).
         never_emitted: tuple of token ids never chosen (padding, `<bos>`).
         choose: `(logits float32 (B, V), index) -> int32 (B,)`.
         return_attention: bool, also return every step's attention `(B, L - 1, ...)`.
@@ -83,6 +101,7 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, 
 
     def advance(index, tokens, finished, log_prob, count, state):
         logits, state, attention = step(column(tokens, index), index, state)
+        _check_end_token(logits, eos_id, never_emitted)
         logits = ops.cast(logits, "float32")  # (B, V)
         chosen = choose(_masked_logits(logits, never_emitted), index)  # (B,)
         forced = index + 1 < prompt_lengths  # (B,): still inside the prompt
@@ -97,8 +116,9 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, 
                                                 ops.expand_dims(chosen, -1), axis=-1)[:, 0]
             log_prob = log_prob + ops.where(live, step_log_prob, 0.0)
             count = count + ops.cast(live, "int32")
-        attention = _zero_rows(ops.logical_not(live), ops.convert_to_tensor(attention))
-        finished = ops.logical_or(finished, ops.logical_and(live, ops.equal(token, eos_id)))
+        if return_attention:
+            attention = _zero_rows(ops.logical_not(live), ops.convert_to_tensor(attention))
+        finished = ops.logical_or(finished, ops.logical_and(live, _ends(token, eos_id)))
         return write(tokens, index + 1, token), finished, log_prob, count, state, attention
 
     finished = ops.zeros((batch,), "bool")
@@ -129,8 +149,8 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, 
     return tokens, scores, history if return_attention else None
 
 
-def beam_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, beam_size: int,
-              alpha, return_attention: bool = False):
+def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emitted,
+              beam_size: int, alpha, return_attention: bool = False):
     """Beam search with GNMT length normalization over a `(B, L)` prompt buffer.
 
     Each sequence keeps `beam_size` hypotheses. A live hypothesis is expanded by every token; a
@@ -161,6 +181,7 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, b
         """Expand every beam by one token and keep the best `beam_size` candidates."""
         flat_tokens = ops.reshape(ops.take(sequences, index, axis=2), (-1,))  # (B · K,)
         logits, state, attention = step(flat_tokens, index, state)
+        _check_end_token(logits, eos_id, never_emitted)
         vocab = ops.shape(logits)[-1]
         # Log-probabilities under the model (every token), then the banned ones ruled out.
         step_log_probs = _masked_logits(ops.log_softmax(ops.cast(logits, "float32"), axis=-1),
@@ -184,12 +205,13 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int, never_emitted, b
         lengths = ops.take_along_axis(candidate_lengths, parent, axis=1)
         parent_finished = ops.take_along_axis(finished, parent, axis=1)
         finished = ops.logical_or(parent_finished, ops.logical_and(
-            ops.logical_not(forced[..., 0]), ops.equal(token, eos_id)))
+            ops.logical_not(forced[..., 0]), _ends(token, eos_id)))
         rows = ops.reshape(offsets + parent, (-1,))  # (B · K,)
         state = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), state)
-        attention = ops.take(ops.convert_to_tensor(attention), rows, axis=0)
-        attention = _zero_rows(ops.reshape(ops.logical_or(parent_finished, forced[..., 0]),
-                                           (-1,)), attention)
+        if return_attention:
+            attention = ops.take(ops.convert_to_tensor(attention), rows, axis=0)
+            attention = _zero_rows(ops.reshape(ops.logical_or(parent_finished, forced[..., 0]),
+                                               (-1,)), attention)
         sequences = _gather_beams(sequences, parent)  # (B, K, L) by parent beam
         sequences = ops.reshape(write(ops.reshape(sequences, (batch * beam_size, length)),
                                       index + 1, ops.reshape(token, (-1,))),

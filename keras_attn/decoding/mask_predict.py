@@ -24,7 +24,7 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn._checks import check_bool, check_int
-from keras_attn.decoding import compiled
+from keras_attn.decoding import checks, compiled
 from keras_attn.tokens import EOS_ID, PAD_ID
 
 _KIND = ("a keras_attn.models.nat_seq2seq model with layers named 'encoder', 'decoder' and "
@@ -146,7 +146,8 @@ def mask_predict(model, source_ids, iterations: int = 10, length_beam: int = 1,
 
     Args:
         model: a `keras_attn.models.nat_seq2seq` model.
-        source_ids: int `(B, S)` source ids, 0 = padding.
+        source_ids: int `(B, S)` source ids, 0 = padding, each below the encoder's vocabulary
+            size (others are refused, `keras_attn.decoding.checks`).
         iterations: int >= 1, decoder passes `T` (1 = a single parallel pass). Defaults
             to `10`.
         length_beam: int in `[1, max_length]`, candidate lengths decoded per source, the best
@@ -172,10 +173,8 @@ def mask_predict(model, source_ids, iterations: int = 10, length_beam: int = 1,
     """
     max_length = check_mask_predict_args(model, iterations, length_beam, max_length)
     check_bool("return_lengths", return_lengths)
-    shape = ops.shape(source_ids)
-    if len(shape) != 2:
-        raise ValueError("Argument `source_ids` must have shape (batch_size, source_length). "
-                         f"Received: source_ids.shape={tuple(shape)}")
+    encoder, _, _ = _parts(model)
+    source_ids = checks.token_ids("source_ids", source_ids, checks.vocab_size(encoder))
     options = {"iterations": int(iterations), "length_beam": int(length_beam),
                "max_length": int(max_length), "return_lengths": return_lengths}
     return compiled.run(_mask_predict, model, (source_ids,), options, jit_compile)

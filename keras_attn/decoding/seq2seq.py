@@ -1,16 +1,9 @@
 """Greedy search, beam search and sampling for keras_attn sequence-to-sequence models.
 
-The searches rely on the decoding contract every `keras_attn.models` seq2seq builder keeps:
-
-- the model has a layer named `"encoder"`, called as `encoder_outputs = encoder(source_ids)`,
-  and a layer named `"decoder"` with two methods:
-- `state = decoder.init_decode_state(encoder_outputs, source_ids, max_length)`: a nested
-  structure of tensors, each with the batch on axis 0 and a static shape (caches preallocated
-  to `max_length`);
-- `logits, state, attention = decoder.decode_step(token_ids, index, state)`: `token_ids` int32
-  `(B,)` is the token at target position `index` (a scalar int32 tensor, 0 for `<bos>`);
-  `logits` float32 `(B, vocab)` predict the next token; `attention` `(B, ..., S)` is this step's
-  cross-attention.
+The searches decode a model with a layer named `"encoder"`, called as
+`encoder_outputs = encoder(source_ids)`, and a layer named `"decoder"` that keeps the decoding
+contract of `keras_attn.decoding.contract.Decoder` (every `keras_attn.models` seq2seq builder's
+does).
 
 Each search runs the whole batch in one loop (`keras_attn.decoding.loops`), compiled once per
 model and settings (`keras_attn.decoding.compiled`). Padding and `<bos>` are never emitted.
@@ -21,7 +14,7 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn._checks import check_int, check_number
-from keras_attn.decoding import choices, compiled, loops
+from keras_attn.decoding import checks, choices, compiled, contract, loops
 from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -45,7 +38,7 @@ def _decode(model, source_ids, *params, strategy, max_length, bos_id, eos_id, be
     # Padding and <bos> are never outputs: an untrained model may rank them first, and
     # padding mid-sequence would read as the end of the output.
     banned = (PAD_ID, bos_id)
-    step = decoder.decode_step
+    step = contract.step_function(decoder, return_attention)
     if strategy == "beam":
         alpha = params[0]
         tokens, scores, attention = loops.beam_loop(
@@ -76,15 +69,17 @@ def _decode(model, source_ids, *params, strategy, max_length, bos_id, eos_id, be
 
 def _search(model, source_ids, max_length, strategy, params, bos_id, eos_id, beam_size,
             return_attention, return_scores, jit_compile):
-    check_int("max_length", max_length, 1)
+    checks.length("max_length", max_length, 1)
     check_int("bos_id", bos_id, 0)
-    check_int("eos_id", eos_id, 0)
-    _decoder_parts(model)
+    encoder, decoder = _decoder_parts(model)
+    checks.end_token(eos_id, checks.vocab_size(decoder), (PAD_ID, bos_id))
+    source_ids = checks.token_ids("source_ids", source_ids, checks.vocab_size(encoder))
     outputs = compiled.run(
-        _decode, model, (ops.convert_to_tensor(source_ids, "int32"),) + params,
-        {"strategy": strategy, "max_length": max_length, "bos_id": bos_id, "eos_id": eos_id,
-         "beam_size": beam_size, "return_attention": bool(return_attention),
-         "return_scores": bool(return_scores)}, jit_compile)
+        _decode, model, (source_ids,) + params,
+        {"strategy": strategy, "max_length": int(max_length), "bos_id": int(bos_id),
+         "eos_id": None if eos_id is None else int(eos_id), "beam_size": int(beam_size),
+         "return_attention": bool(return_attention), "return_scores": bool(return_scores)},
+        jit_compile)
     outputs = tuple(outputs)
     return outputs[0] if len(outputs) == 1 else outputs
 
@@ -94,7 +89,7 @@ def greedy_search(
     source_ids,
     max_length: int,
     bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
+    eos_id: int | None = EOS_ID,
     return_attention: bool = False,
     jit_compile: bool = False,
     return_scores: bool = False,
@@ -105,10 +100,14 @@ def greedy_search(
     Args:
         model: a keras_attn seq2seq model (layers `"encoder"` and `"decoder"` keeping the
             decoding contract of this module).
-        source_ids: integer `(B, S)` source token ids, 0 = padding.
-        max_length: int, number of output positions (the decoder caches hold as many).
+        source_ids: integer `(B, S)` source token ids, 0 = padding, each below the encoder's
+            vocabulary size.
+        max_length: int, number of output positions (the decoder caches hold as many), at
+            most `2**31 - 2`.
         bos_id: int, the start token fed first. Defaults to `keras_attn.tokens.BOS_ID` (2).
-        eos_id: int, the end token. Defaults to `keras_attn.tokens.EOS_ID` (3).
+        eos_id: int, the end token: a token the model can emit (below its vocabulary size,
+            not padding or `bos_id`); `None`: no end token, every sequence runs to
+            `max_length`. Defaults to `keras_attn.tokens.EOS_ID` (3).
         return_attention: bool, also return every step's cross-attention weights.
             Defaults to `False`.
         jit_compile: bool, compile with XLA (TensorFlow). Defaults to `False`.
@@ -140,7 +139,7 @@ def beam_search(
     beam_size: int = 4,
     length_penalty: float = 0.6,
     bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
+    eos_id: int | None = EOS_ID,
     return_attention: bool = False,
     jit_compile: bool = False,
     return_scores: bool = False,
@@ -158,7 +157,8 @@ def beam_search(
         length_penalty: float >= 0, the GNMT exponent alpha; 0 ranks by raw log-probability.
             Defaults to `0.6`.
         bos_id: int, the start token. Defaults to `keras_attn.tokens.BOS_ID` (2).
-        eos_id: int, the end token. Defaults to `keras_attn.tokens.EOS_ID` (3).
+        eos_id: int or None, the end token (see `greedy_search`). Defaults to
+            `keras_attn.tokens.EOS_ID` (3).
         return_attention: bool, also return the best hypothesis' cross-attention weights.
             Defaults to `False`.
         jit_compile: bool, compile with XLA (TensorFlow). Defaults to `False`.
@@ -184,19 +184,6 @@ def beam_search(
                    return_attention, return_scores, jit_compile)
 
 
-def check_sampling(temperature, top_k, top_p, seed) -> None:
-    """Raise unless the sampling parameters are usable (Python values only)."""
-    check_number("temperature", temperature, 0)
-    check_int("top_k", top_k, 0)
-    check_number("top_p", top_p, 0, strict=True)
-    if top_p > 1:
-        raise ValueError(
-            "Received an invalid value for argument `top_p`, expected a number in (0, 1]. "
-            f"Received: top_p={top_p!r}"
-        )
-    check_int("seed", seed, 0)
-
-
 def sample(
     model,
     source_ids,
@@ -206,7 +193,7 @@ def sample(
     top_p: float = 1.0,
     seed: int = 0,
     bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
+    eos_id: int | None = EOS_ID,
     return_attention: bool = False,
     jit_compile: bool = False,
     return_scores: bool = False,
@@ -223,7 +210,13 @@ def sample(
             Defaults to `0`.
         top_p: float in (0, 1], draw among the smallest set of most likely tokens whose
             probability reaches `top_p` (nucleus sampling); 1 = all. Defaults to `1.0`.
-        seed: int >= 0: the same seed gives the same tokens. Defaults to `0`.
+        seed: int in [0, 2**31 - 1]: the same seed gives the same tokens. Defaults to `0`.
+
+    Each of `temperature`, `top_k`, `top_p` and `seed` may be a Python number or a scalar
+    tensor (e.g. a SavedModel input). A value out of range (NaN, negative, a float `top_k`)
+    is refused, never replaced: a ValueError naming it when the value is known at the call,
+    else the call fails with the same message when the graph runs
+    (`keras_attn.decoding.checks`).
 
     Returns:
         As `greedy_search`.
@@ -232,10 +225,8 @@ def sample(
         Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration",
         https://arxiv.org/abs/1904.09751
     """
-    check_sampling(temperature, top_k, top_p, seed)
     check_number("length_penalty", length_penalty, 0)
-    params = tuple(ops.convert_to_tensor(value, dtype) for value, dtype in (
-        (float(temperature), "float32"), (int(top_k), "int32"), (float(top_p), "float32"),
-        (int(seed), "int32"), (float(length_penalty), "float32")))
+    settings = checks.settings(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    params = tuple(settings.values()) + (ops.convert_to_tensor(float(length_penalty)),)
     return _search(model, source_ids, max_length, "sample", params, bos_id, eos_id, 1,
                    return_attention, return_scores, jit_compile)

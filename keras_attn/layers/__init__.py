@@ -1,15 +1,23 @@
-"""The keras_attn layers, one family per module."""
+"""The keras_attn layers, one family per module.
+
+The model stacks (`TransformerEncoder`, `TransformerDecoder`, `TransformerDecoderOnly`,
+`CMLMDecoder`, `LengthPredictor`, `BahdanauEncoder`, `BahdanauDecoder`) moved to
+`keras_attn.models`; importing them from here still works, with a DeprecationWarning.
+"""
+
+import warnings
 
 from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.additive_attention import AdditiveAttention
-from keras_attn.layers.bahdanau import BahdanauCell, BahdanauDecoder, BahdanauEncoder
+from keras_attn.layers.bahdanau import BahdanauCell
 from keras_attn.layers.base import BaseAttention
-from keras_attn.layers.cmlm import CMLMDecoder, LengthPredictor
-from keras_attn.layers.decoder_only import (
-    TransformerDecoderOnly,
-    TransformerDecoderOnlyBlock,
-)
+from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
 from keras_attn.layers.dropout import Dropout
+from keras_attn.layers.embedding import (
+    OutputHead,
+    TokenAndPositionEmbedding,
+    TokenEmbedding,
+)
 from keras_attn.layers.ffn import FFN
 from keras_attn.layers.linear_attention import LinearAttention
 from keras_attn.layers.local_attention import LocalMultiHead
@@ -19,7 +27,6 @@ from keras_attn.layers.position_bias import AlibiBias, RelativePositionBias
 from keras_attn.layers.position_encoding import (
     RotaryEmbedding,
     SinusoidalPositionEncoding,
-    TokenAndPositionEmbedding,
     sinusoidal_table,
 )
 from keras_attn.layers.scaled_dot_attention import ScaledDotAttention
@@ -28,10 +35,6 @@ from keras_attn.layers.swin import (
     PatchMerging,
     SwinBlock,
     WindowAttention,
-)
-from keras_attn.layers.transformer import (
-    TransformerDecoder,
-    TransformerEncoder,
 )
 from keras_attn.layers.transformer_blocks import (
     TransformerDecoderBlock,
@@ -51,16 +54,13 @@ __all__ = [
     "AdditiveAttention",
     "AlibiBias",
     "BahdanauCell",
-    "BahdanauDecoder",
-    "BahdanauEncoder",
     "BaseAttention",
-    "CMLMDecoder",
     "Dropout",
-    "LengthPredictor",
     "LinearAttention",
     "LocalMultiHead",
     "MultiHead",
     "NWPooling",
+    "OutputHead",
     "PatchEmbedding",
     "PatchMerging",
     "RelativePositionBias",
@@ -69,11 +69,9 @@ __all__ = [
     "SinusoidalPositionEncoding",
     "SwinBlock",
     "TokenAndPositionEmbedding",
-    "TransformerDecoder",
+    "TokenEmbedding",
     "TransformerDecoderBlock",
-    "TransformerDecoderOnly",
     "TransformerDecoderOnlyBlock",
-    "TransformerEncoder",
     "TransformerEncoderBlock",
     "WindowAttention",
     "linear_attention",
@@ -81,3 +79,20 @@ __all__ = [
     "local_dot_product_attention",
     "sinusoidal_table",
 ]
+
+# Stacks that earlier releases exported from here; they live in keras_attn.models.
+_MOVED_TO_MODELS = ("BahdanauDecoder", "BahdanauEncoder", "CMLMDecoder", "LengthPredictor",
+                    "TransformerDecoder", "TransformerDecoderOnly", "TransformerEncoder")
+
+
+def __getattr__(name: str):
+    """`keras_attn.layers.TransformerEncoder` and the other moved stacks, deprecated."""
+    if name not in _MOVED_TO_MODELS:
+        raise AttributeError(f"module 'keras_attn.layers' has no attribute {name!r}")
+    warnings.warn(
+        f"keras_attn.layers.{name} is deprecated: use keras_attn.models.{name} (or "
+        f"keras_attn.{name}).", DeprecationWarning, stacklevel=2)
+    # The one import from layers/ up to models/, at use only (tests/test_structure.py).
+    from keras_attn import models
+
+    return getattr(models, name)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.layers.base import BaseAttention, check_positive_int
+from keras_attn._checks import as_int
+from keras_attn.layers.base import BaseAttention
+from keras_attn.layers.initializers import sublayer_initializer
+from keras_attn.layers.quantization import QuantizedSublayers
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class AdditiveAttention(BaseAttention):
+class AdditiveAttention(QuantizedSublayers, BaseAttention):
     """Additive attention: a(q, k) = w_vᵀ tanh(W_q q + W_k k).
 
     Queries and keys are projected to a common size `units` by their own weights, so they may
@@ -19,7 +22,8 @@ class AdditiveAttention(BaseAttention):
     Args:
         units: int, size of the hidden layer of the scoring MLP.
         dropout: float in [0, 1), dropout on the attention weights. Defaults to `0.0`.
-        kernel_initializer: initializer of the three kernels. Defaults to `"glorot_uniform"`.
+        kernel_initializer: initializer of the three kernels, each drawing from its own copy
+            (`sublayer_initializer`). Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropout. Defaults to `None`.
 
     Call arguments:
@@ -51,17 +55,17 @@ class AdditiveAttention(BaseAttention):
         **kwargs,
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
-        check_positive_int("units", units)
-        self.units = units
+        self.units = as_int("units", units)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        dense = {
-            "use_bias": False,
-            "kernel_initializer": self.kernel_initializer,
-            "dtype": self.dtype_policy,
-        }
-        self.query_dense = keras.layers.Dense(units, name="query_dense", **dense)
-        self.key_dense = keras.layers.Dense(units, name="key_dense", **dense)
-        self.score_dense = keras.layers.Dense(1, name="score_dense", **dense)
+
+        def dense(units, name):
+            return keras.layers.Dense(
+                units, use_bias=False, name=name, dtype=self.dtype_policy,
+                kernel_initializer=sublayer_initializer(self.kernel_initializer, name))
+
+        self.query_dense = dense(self.units, "query_dense")  # W_q
+        self.key_dense = dense(self.units, "key_dense")  # W_k
+        self.score_dense = dense(1, "score_dense")  # w_v
 
     def build(self, query_shape, key_shape=None, value_shape=None):
         key_shape = query_shape if key_shape is None else key_shape
@@ -71,10 +75,21 @@ class AdditiveAttention(BaseAttention):
         self.key_dense.build(key_shape)
         self.score_dense.build(tuple(key_shape[:-1]) + (self.units,))
 
+    def scores(self, query, projected_keys):
+        """The scores `w_vᵀ tanh(W_q q + W_k k)` `(B, T, S)` of queries `(B, T, dq)` against
+        keys already projected, `W_k k` `(B, S, units)` (a decoder computes them once per
+        sequence)."""
+        # W_q and w_v as 2-D products: a Dense on a 3-D or 4-D tensor is a tensordot whose
+        # gradient XLA cannot compile when a length is unknown at trace time (in a decoder loop).
+        batch, length = ops.shape(query)[0], ops.shape(query)[1]
+        q = self.query_dense(ops.reshape(query, (-1, query.shape[-1])))  # (B · T, u)
+        q = ops.reshape(q, (batch, length, 1, self.units))  # (B, T, 1, u)
+        energy = ops.tanh(q + ops.expand_dims(projected_keys, 1))  # (B, T, S, u)
+        flat = self.score_dense(ops.reshape(energy, (-1, self.units)))  # (B · T · S, 1)
+        return ops.reshape(flat, ops.shape(energy)[:3])  # (B, T, S)
+
     def attend(self, query, key, value, mask, training, need_weights=True):
-        q = ops.expand_dims(self.query_dense(query), 2)  # (B, T, 1, u)
-        k = ops.expand_dims(self.key_dense(key), 1)  # (B, 1, S, u)
-        scores = ops.squeeze(self.score_dense(ops.tanh(q + k)), -1)  # (B, T, S)
+        scores = self.scores(query, self.key_dense(key))  # (B, T, S)
         weights = ops.cast(self.masked_weights(scores, mask), value.dtype)
         outputs = ops.matmul(self.dropout_weights(weights, training), value)  # (B, T, dv)
         return outputs, weights
@@ -89,6 +104,7 @@ class AdditiveAttention(BaseAttention):
             {
                 "units": self.units,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "dtype": self.dtype_config(),
             }
         )
         return config

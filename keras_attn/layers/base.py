@@ -4,7 +4,8 @@
 use_causal_mask=False, return_attention_scores=False, training=None)` resolves the defaults
 (`key` = `query`, `value` = `key`), casts integer inputs to the compute dtype, checks ranks and
 sizes, turns every mask (arguments and Keras implicit masks) into one `AttentionMask`, zeroes the
-inputs at positions the mask hides everywhere, and hands the work to the subclass's `attend`.
+inputs at positions the mask hides everywhere (the one place a layer does so), and hands the work
+to the subclass's `attend`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,14 @@ import keras
 from keras import ops
 
 from keras_attn import ops as attn_ops
-from keras_attn._checks import check_int, check_positive_int, check_rate  # noqa: F401
+from keras_attn._checks import (  # noqa: F401 - re-exported for the layers
+    check_int,
+    check_positive_int,
+    check_rate,
+    static_int,
+)
 from keras_attn.ops import AttentionMask
+from keras_attn.ops.masks import hide_positions
 
 
 def check_last_dim(name: str, shape, expected, other: str) -> None:
@@ -28,10 +35,20 @@ def check_last_dim(name: str, shape, expected, other: str) -> None:
         )
 
 
-def _zero_where_hidden(x, valid):
-    """`x` `(B, L, ...)` with the positions where `valid` `(B, L)` is False set to 0."""
-    valid = ops.reshape(valid, tuple(ops.shape(valid)) + (1,) * (len(x.shape) - 2))
-    return ops.where(valid, x, ops.zeros_like(x))
+def padding_masks(query, key, value, query_mask=None, key_mask=None, value_mask=None,
+                  self_attention=False, cached=False):
+    """`(query_mask, key_mask)`: the padding masks of a call, explicit or the Keras implicit
+    masks of the inputs (e.g. `Embedding(mask_zero=True)`). Self-attention keys take the
+    query's padding; keys of a cache (`cached`) take only an explicit key or value mask, since
+    the cache holds earlier keys too."""
+    query_mask = query_mask if query_mask is not None else getattr(query, "_keras_mask", None)
+    if cached:
+        key_mask = key_mask if key_mask is not None else value_mask
+    elif self_attention:
+        key_mask = query_mask if key_mask is None else key_mask
+    elif key_mask is None:
+        key_mask = value_mask if value_mask is not None else getattr(key, "_keras_mask", None)
+    return query_mask, key_mask
 
 
 class BaseAttention(keras.layers.Layer):
@@ -95,7 +112,7 @@ class BaseAttention(keras.layers.Layer):
             return attn_ops.masked_softmax(scores)
         weights = attn_ops.masked_softmax(scores, mask=mask.block(rank=len(scores.shape)))
         if mask.query_valid is not None:
-            weights = _zero_where_hidden(weights, mask.query_valid)
+            weights = hide_positions(weights, mask.query_valid)
         return weights
 
     def as_float(self, name: str, x):
@@ -130,8 +147,9 @@ class BaseAttention(keras.layers.Layer):
 
         `key_len` overrides the number of keys (a decoding cache is longer than `key`); the
         implicit mask of the query is then not taken as the keys' (the cache holds earlier
-        keys). Inputs at positions hidden from every query are zeroed, so a non-finite number
-        there reaches neither outputs nor gradients.
+        keys). Inputs at positions hidden from every query are zeroed here, once, before any
+        projection (`AttentionMask.hide_inputs`), so a non-finite number there reaches neither
+        outputs nor gradients, weight gradients included.
 
         Returns:
             `(query, key, value, mask)`: float tensors and an `AttentionMask` (None when
@@ -140,17 +158,11 @@ class BaseAttention(keras.layers.Layer):
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
-        # Keras implicit masks (e.g. Embedding(mask_zero=True)) ride on the tensors.
-        query_mask = query_mask if query_mask is not None else getattr(query, "_keras_mask",
-                                                                      None)
-        if key_len is not None:
-            key_mask = key_mask if key_mask is not None else value_mask
-        elif self_attention:
-            key_mask = query_mask if key_mask is None else key_mask
-        elif key_mask is None:
-            key_mask = value_mask if value_mask is not None else getattr(key, "_keras_mask", None)
+        query_mask, key_mask = padding_masks(query, key, value, query_mask, key_mask, value_mask,
+                                             self_attention, cached=key_len is not None)
         # Keys that are the queries, with the queries' padding: zeroing the queries zeroes them.
-        keys_follow_queries = self_attention and key_mask is query_mask and valid_lens is None
+        keys_follow_queries = self_attention and (key_mask is query_mask and valid_lens is None
+                                                  or key_len is not None)
         inputs = {"query": query, "key": key, "value": value}
         query = self.as_float("query", query)
         key = query if inputs["key"] is inputs["query"] else self.as_float("key", key)
@@ -161,18 +173,14 @@ class BaseAttention(keras.layers.Layer):
             query.shape[0], valid_lens, attention_mask, use_causal_mask, causal_offset,
             window, num_global, query_mask, key_mask,
         )
-        if not mask.masks_keys and mask.query_valid is None:
+        if not mask.masks_keys and mask.query_valid is None and static_int(mask.offset) == 0:
             return query, key, value, None
-        if mask.query_valid is not None:
-            zeroed = _zero_where_hidden(query, mask.query_valid)
-            if keys_follow_queries:
-                key = value = zeroed
-            query = zeroed
-        visible = None if keys_follow_queries or key_len is not None else mask.key_visible()
-        if visible is not None:
-            same = value is key
-            key = _zero_where_hidden(key, visible)
-            value = key if same else _zero_where_hidden(value, visible)
+        if keys_follow_queries:
+            query = key = value = mask.hide_inputs(query)[0]
+        elif key_len is not None:  # the key mask covers a cache: the keys come in there
+            query = mask.hide_inputs(query)[0]
+        else:
+            query, key, value = mask.hide_inputs(query, key, value)
         return query, key, value, mask
 
     def call(

@@ -11,15 +11,18 @@ from __future__ import annotations
 from keras import ops
 
 from keras_attn._checks import check_positive_int, concrete_value
-from keras_attn.tuning import xla_dense
+from keras_attn.ops.masks import hide_positions
 
 
 class KeyValueCache:
-    """The cache methods of `MultiHead` (which has `key_dense`, `value_dense`, `split_heads`,
-    `num_key_value_heads`, `key_dim`, `value_dim`)."""
+    """The cache methods of `MultiHead` (which has `project_keys`, `num_key_value_heads`,
+    `key_dim`, `value_dim`)."""
 
     def compute_cache(self, key, value=None, key_mask=None):
         """Project fixed keys/values once, e.g. the encoder outputs for cross-attention.
+
+        The keys get the same rotary positions as in a call with `key` (their place in the key
+        sequence), so a call on the cache equals the call on `key`.
 
         Args:
             key: `(B, S, dk)`.
@@ -30,17 +33,14 @@ class KeyValueCache:
                 Defaults to the implicit mask of `key`.
 
         Returns:
-            `(key_cache, value_cache)` of shapes `(B, H, S, key_dim)`, `(B, H, S, value_dim)`.
+            `(key_cache, value_cache)` of shapes `(B, H_kv, S, key_dim)`,
+            `(B, H_kv, S, value_dim)`.
         """
         value = key if value is None else value
         key_mask = getattr(key, "_keras_mask", None) if key_mask is None else key_mask
-        if key_mask is not None:
-            keep = ops.expand_dims(ops.cast(key_mask, "bool"), -1)  # (B, S, 1)
-            key = ops.where(keep, key, ops.zeros_like(key))
-            value = ops.where(keep, value, ops.zeros_like(value))
-        heads = self.num_key_value_heads
-        return (self.split_heads(xla_dense(self.key_dense, key), heads),
-                self.split_heads(xla_dense(self.value_dense, value), heads))
+        if key_mask is not None:  # the cache's entry: zeroed here, as `prepare` does for calls
+            key, value = hide_positions(key, key_mask), hide_positions(value, key_mask)
+        return self.project_keys(key, value, 0)
 
     def init_cache(self, batch_size, max_length: int, dtype=None):
         """An all-zero self-attention cache of static length `max_length`."""
@@ -52,7 +52,7 @@ class KeyValueCache:
             ops.zeros((batch_size, heads, max_length, self.value_dim), dtype),
         )
 
-    def _check_cache(self, cache, query, key, cache_update_index):
+    def check_cache(self, cache, query, key, cache_update_index):
         """The cache is a pair of `(B, H, S_max, ·)` tensors matching the query's batch, and
         the update index fits it."""
         if not isinstance(cache, (tuple, list)) or len(cache) != 2:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn._checks import check_bool
-from keras_attn.layers.base import check_positive_int, check_rate
+from keras_attn._checks import as_int, check_bool, check_rate
 from keras_attn.layers.dropout import Dropout
+from keras_attn.layers.initializers import sublayer_initializer
+from keras_attn.layers.quantization import QuantizedSublayers
 
 # The gated activations by name (Shazeer, 2020): the gate's activation.
 GATED = {"swiglu": "silu", "geglu": "gelu"}
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class FFN(keras.layers.Layer):
+class FFN(QuantizedSublayers, keras.layers.Layer):
     """Position-wise feed-forward network: `act(x W₁) W₂`, or gated: `(act(x W_g) ⊙ x W₁) W₂`.
 
     The same MLP is applied to every position independently, with dropout on the hidden layer.
@@ -26,7 +27,8 @@ class FFN(keras.layers.Layer):
         activation: activation of the hidden layer (of the gate when gated), or `"swiglu"` /
             `"geglu"` (gated SiLU / GELU). Defaults to `"relu"`.
         dropout: float in [0, 1), dropout on the hidden activations. Defaults to `0.0`.
-        kernel_initializer: initializer of the kernels. Defaults to `"glorot_uniform"`.
+        kernel_initializer: initializer of the kernels, each drawing from its own copy
+            (`sublayer_initializer`). Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropout. Defaults to `None`.
         gated: bool, the gated form (`gate_dense`, `hidden_dense`, `output_dense`).
             Defaults to `False` (`True` with `"swiglu"` / `"geglu"`).
@@ -60,8 +62,8 @@ class FFN(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("hidden_dim", hidden_dim)
-        check_positive_int("output_dim", output_dim, allow_none=True)
+        hidden_dim = as_int("hidden_dim", hidden_dim)
+        output_dim = as_int("output_dim", output_dim, allow_none=True)
         check_rate("dropout", dropout)
         check_bool("gated", gated)
         check_bool("use_bias", use_bias)
@@ -90,17 +92,19 @@ class FFN(keras.layers.Layer):
                 "Argument `inputs` must have a known last dimension. "
                 f"Received: inputs.shape={tuple(input_shape)}"
             )
-        dense = {"kernel_initializer": self.kernel_initializer, "use_bias": self.use_bias,
-                 "dtype": self.dtype_policy}
+
+        def dense(units, name, activation=None):
+            return keras.layers.Dense(
+                units, activation=activation, use_bias=self.use_bias, name=name,
+                kernel_initializer=sublayer_initializer(self.kernel_initializer, name),
+                dtype=self.dtype_policy)
+
         if self.gated:
-            self.gate_dense = keras.layers.Dense(self.hidden_dim, activation=self.activation,
-                                                 name="gate_dense", **dense)
+            self.gate_dense = dense(self.hidden_dim, "gate_dense", self.activation)
             self.gate_dense.build(input_shape)
-        self.hidden_dense = keras.layers.Dense(
-            self.hidden_dim, activation=None if self.gated else self.activation,
-            name="hidden_dense", **dense)
-        self.output_dense = keras.layers.Dense(self.output_dim or input_shape[-1],
-                                               name="output_dense", **dense)
+        self.hidden_dense = dense(self.hidden_dim, "hidden_dense",
+                                  None if self.gated else self.activation)
+        self.output_dense = dense(self.output_dim or input_shape[-1], "output_dense")
         self.hidden_dense.build(input_shape)
         self.output_dense.build(tuple(input_shape[:-1]) + (self.hidden_dim,))
 
@@ -126,6 +130,7 @@ class FFN(keras.layers.Layer):
                 "seed": self.seed,
                 "gated": self.gated,
                 "use_bias": self.use_bias,
+                "dtype": self.dtype_config(),
             }
         )
         return config

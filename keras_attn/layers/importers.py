@@ -12,29 +12,17 @@ import numpy as np
 from keras_attn._checks import check_positive_int
 
 
-def _refuse(option: str, value, reason: str) -> None:
-    raise ValueError(
-        f"Argument `layer` has `{option}={value!r}`, which MultiHead does not reproduce: "
-        f"{reason}."
-    )
-
-
-def _input_rank(einsum_dense) -> int:
-    """The rank of the input of a Keras `EinsumDense` projection, from its equation."""
-    return len(einsum_dense.equation.split(",")[0])
-
-
 def from_keras(cls, layer, **kwargs):
     """A built `cls` (a `MultiHead`) with the weights and options of a built
     `keras.layers.MultiHeadAttention` or `keras.layers.GroupQueryAttention`.
 
     Keras stores per-head kernels as `(in_dim, H, head_dim)`; they are flattened to
     `(in_dim, H * head_dim)`, which splits back into the same heads. Dropout, seed, the gate,
-    the sliding window, the output shape, regularizers and constraints are carried over.
+    the sliding window, the output shape, the attention axes (inputs of any rank), the dtype
+    policy, regularizers and constraints are carried over.
 
     Raises:
-        ValueError: for an option whose effect the result would not reproduce (attention over
-            axes other than the sequence).
+        ValueError: for a layer that is not a built Keras attention layer.
     """
     grouped = isinstance(layer, keras.layers.GroupQueryAttention)
     if not (grouped or isinstance(layer, keras.layers.MultiHeadAttention)) or not layer.built:
@@ -42,10 +30,6 @@ def from_keras(cls, layer, **kwargs):
             "Argument `layer` must be a built keras.layers.MultiHeadAttention or "
             f"GroupQueryAttention. Received: layer={layer!r}"
         )
-    if not grouped and (_input_rank(layer._query_dense) != 3
-                        or tuple(layer._attention_axes or (1,)) != (1,)):
-        _refuse("attention_axes", layer._attention_axes,
-                "it attends over the sequence axis of (batch, length, dim) inputs only")
     options = {}
     for option in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
                    "kernel_constraint", "bias_constraint"):
@@ -57,26 +41,29 @@ def from_keras(cls, layer, **kwargs):
         heads = {"num_heads": layer.num_query_heads, "key_dim": layer.head_dim,
                  "num_key_value_heads": layer.num_key_value_heads}
         use_gate, sliding_window = layer.use_gate, layer.sliding_window
+        rank, attention_axes = 3, None
     else:
         heads = {"num_heads": layer.num_heads, "key_dim": layer.key_dim,
                  "value_dim": layer.value_dim}
         use_gate, sliding_window = layer._use_gate, layer._sliding_window
-    mha = cls(
-        **heads,
+        # The query projection's equation names the input's axes: "abc,cde->abde" is rank 3.
+        rank = len(layer._query_dense.equation.split(",")[0])
+        attention_axes = layer._attention_axes
+    options.setdefault("dtype", layer.dtype_policy)
+    options.update(
+        heads,
         output_shape=tuple(out_kernel.shape[2:]),
         dropout=layer.dropout,
         use_bias=layer.use_bias,
         seed=layer.seed,
         use_gate=use_gate,
         sliding_window=sliding_window,
-        **options,
-        **kwargs,
+        attention_axes=None if attention_axes is None else tuple(attention_axes),
     )
-    mha.build(
-        (None, None, layer._query_dense.kernel.shape[0]),
-        (None, None, layer._key_dense.kernel.shape[0]),
-        (None, None, layer._value_dense.kernel.shape[0]),
-    )
+    mha = cls(**{**options, **kwargs})  # the caller's arguments (e.g. a window) win
+    widths = [d.kernel.shape[0] for d in (layer._query_dense, layer._key_dense,
+                                          layer._value_dense)]
+    mha.build(*((None,) * (rank - 1) + (width,) for width in widths))
     pairs = [(mha.query_dense, layer._query_dense), (mha.key_dense, layer._key_dense),
              (mha.value_dense, layer._value_dense), (mha.output_dense, layer._output_dense)]
     if use_gate:

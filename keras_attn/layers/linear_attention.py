@@ -1,6 +1,7 @@
 """Linear attention as a layer: kernelized attention in O(n) time and memory.
 
-The kernel is `keras_attn.ops.linear_attention` (Katharopoulos et al., 2020).
+The kernel is `keras_attn.ops.linear_attention` (Katharopoulos et al., 2020), reached through
+the same seam as every kernel: `keras_attn.ops.attend(..., implementation="linear")`.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ import keras
 from keras import ops
 
 from keras_attn import ops as attn_ops
-from keras_attn._checks import check_bool, static_int
-from keras_attn.layers.base import BaseAttention, check_positive_int
+from keras_attn._checks import as_int, check_bool
+from keras_attn.layers.base import BaseAttention
+from keras_attn.layers.initializers import sublayer_initializer
+from keras_attn.layers.quantization import QuantizedSublayers
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class LinearAttention(BaseAttention):
+class LinearAttention(QuantizedSublayers, BaseAttention):
     """Multi-head linear attention (Katharopoulos et al., 2020): O(n) time and memory.
 
     Each head computes `φ(Qᵢ)(φ(Kᵢ)ᵀVᵢ) / φ(Qᵢ)Σⱼφ(Kᵢⱼ)` with φ(x) = elu(x) + 1 instead of
@@ -33,8 +36,8 @@ class LinearAttention(BaseAttention):
         output_dim: int, size of the output. Defaults to the last dimension of the query.
         use_bias: bool, whether the projections have biases. Defaults to `True`.
         chunk_size: int, chunk length of the causal prefix sums. Defaults to `64`.
-        kernel_initializer: initializer of the projection kernels. Defaults to
-            `"glorot_uniform"`.
+        kernel_initializer: initializer of the projection kernels, each projection drawing
+            from its own copy (`sublayer_initializer`). Defaults to `"glorot_uniform"`.
         bias_initializer: initializer of the projection biases. Defaults to `"zeros"`.
 
     Call arguments:
@@ -71,11 +74,10 @@ class LinearAttention(BaseAttention):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("key_dim", key_dim)
-        check_positive_int("value_dim", value_dim, allow_none=True)
-        check_positive_int("output_dim", output_dim, allow_none=True)
-        check_positive_int("chunk_size", chunk_size)
+        num_heads, key_dim = as_int("num_heads", num_heads), as_int("key_dim", key_dim)
+        value_dim = as_int("value_dim", value_dim, allow_none=True)
+        output_dim = as_int("output_dim", output_dim, allow_none=True)
+        chunk_size = as_int("chunk_size", chunk_size)
         check_bool("use_bias", use_bias)
         if self.dropout:
             raise ValueError(
@@ -103,18 +105,17 @@ class LinearAttention(BaseAttention):
                 )
         heads_k = self.num_heads * self.key_dim
         heads_v = self.num_heads * self.value_dim
-        dense = {
-            "use_bias": self.use_bias,
-            "kernel_initializer": self.kernel_initializer,
-            "bias_initializer": self.bias_initializer,
-            "dtype": self.dtype_policy,
-        }
-        self.query_dense = keras.layers.Dense(heads_k, name="query_dense", **dense)
-        self.key_dense = keras.layers.Dense(heads_k, name="key_dense", **dense)
-        self.value_dense = keras.layers.Dense(heads_v, name="value_dense", **dense)
-        self.output_dense = keras.layers.Dense(
-            self.output_dim or query_shape[-1], name="output_dense", **dense
-        )
+
+        def dense(units, name):
+            return keras.layers.Dense(
+                units, use_bias=self.use_bias, name=name, dtype=self.dtype_policy,
+                kernel_initializer=sublayer_initializer(self.kernel_initializer, name),
+                bias_initializer=sublayer_initializer(self.bias_initializer, name))
+
+        self.query_dense = dense(heads_k, "query_dense")
+        self.key_dense = dense(heads_k, "key_dense")
+        self.value_dense = dense(heads_v, "value_dense")
+        self.output_dense = dense(self.output_dim or query_shape[-1], "output_dense")
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
@@ -138,25 +139,15 @@ class LinearAttention(BaseAttention):
             query, key, value, valid_lens, attention_mask, use_causal_mask, query_mask,
             key_mask, value_mask,
         )
-        key_padding = query_valid = None
-        causal = bool(use_causal_mask)
-        if mask is not None:
-            key_padding = mask.key_padding("LinearAttention")
-            query_valid = mask.query_valid
-            if causal and static_int(mask.offset) != 0:
-                raise ValueError("LinearAttention takes no causal offset (no cache).")
         q = attn_ops.split_heads(self.query_dense(query), self.num_heads)  # (B, H, T, dk)
         k = attn_ops.split_heads(self.key_dense(key), self.num_heads)  # (B, H, S, dk)
         v = attn_ops.split_heads(self.value_dense(value), self.num_heads)  # (B, H, S, dv)
-        context = attn_ops.linear_attention(q, k, v, key_padding, causal, self.chunk_size)
-        if query_valid is not None:
-            context = context * ops.cast(query_valid, context.dtype)[:, None, :, None]
+        context, weights = attn_ops.attend(q, k, v, mask, implementation="linear",
+                                           chunk_size=self.chunk_size,
+                                           return_weights=bool(return_attention_scores))
         outputs = self.output_dense(attn_ops.merge_heads(context))  # (B, T, output_dim)
         if not return_attention_scores:
             return outputs
-        weights = attn_ops.linear_attention_weights(q, k, key_padding, causal)
-        if query_valid is not None:
-            weights = weights * ops.cast(query_valid, weights.dtype)[:, None, :, None]
         return outputs, ops.cast(weights, outputs.dtype)
 
     def weights_shape(self, query_shape, key_shape) -> tuple:
@@ -177,6 +168,7 @@ class LinearAttention(BaseAttention):
                 "chunk_size": self.chunk_size,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "dtype": self.dtype_config(),
             }
         )
         return config

@@ -1,14 +1,17 @@
-"""Sliding-window multi-head attention in O(n·w): each query sees keys within `window` positions.
+"""Sliding-window multi-head attention in O(T · w): each query sees the keys near it.
 
-The layer is `MultiHead` whose mask carries a window; the `"local"` kernel
-(`keras_attn.ops.kernels.local`) computes it blockwise in O(T · window).
+The layer is `MultiHead` with a `sliding_window` and the `"local"` kernel
+(`keras_attn.ops.kernels.local`), which computes the band blockwise in O(T · window), plus
+global tokens.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 
-from keras_attn._checks import check_int
+from keras_attn._checks import as_int
 from keras_attn.layers.multi_head import MultiHead
 
 
@@ -16,32 +19,31 @@ from keras_attn.layers.multi_head import MultiHead
 class LocalMultiHead(MultiHead):
     """Multi-head sliding-window attention: `MultiHead` whose heads see a band of keys.
 
-    Each query attends to keys within `window` positions (with `use_causal_mask=True`, the
-    `window` positions before it and itself), plus the first `num_global` global tokens, which
-    attend everywhere. With `implementation="local"` (the default) it is computed blockwise in
-    O(T·window); `"chunked"` runs the blockwise kernel, which skips the key blocks outside the
-    band; `"dense"` applies the band as a `(T, S)` mask.
+    The query at position p sees the keys j with |p - j| < `sliding_window` (with
+    `use_causal_mask=True`, the `sliding_window` keys p - sliding_window + 1 … p: Keras' and
+    Hugging Face Mistral's meaning), plus the first `num_global` global tokens, which attend
+    everywhere. With `implementation="local"` (the default) it is computed blockwise in
+    O(T · window); `"chunked"` runs the blockwise kernel, which skips the key blocks outside
+    the band; `"dense"` applies the band as a `(T, S)` mask.
 
-    A few calls need the `(T, S)` scores and run the dense kernel with the band in the mask
-    (same numbers, O(T·S)): an explicit `attention_mask`, per-query `(B, T)` valid_lens,
-    `attention_bias`, `return_attention_scores=True`, and the decoding `cache` (a query at
-    position `cache_update_index` against the cache).
+    Calls that need the `(T, S)` scores run the dense kernel with the band in the mask (same
+    numbers, O(T · S); `keras_attn.ops.kernel_for`): an explicit `attention_mask`, per-query
+    `(B, T)` valid_lens, `attention_bias`, `return_attention_scores=True`, and the decoding
+    `cache`.
 
     Args:
         num_heads: int, number of heads `H`.
         key_dim: int, size of each head for query and key.
-        window: int >= 0, half-width of the band.
+        sliding_window: int >= 1, the width `w` above (keyword-only, as every argument after
+            `key_dim`). Required (or the deprecated `window`).
         num_global: int >= 0, number of leading global tokens. Defaults to `0`.
-        value_dim: int, size of each head for value. Defaults to `key_dim`.
-        output_dim: int, size of the output. Defaults to the last dimension of the query.
-        dropout: float in [0, 1), dropout on the attention weights. Defaults to `0.0`.
-        use_bias: bool, whether the four projections have biases. Defaults to `True`.
-        kernel_initializer: initializer of the projection kernels. Defaults to
-            `"glorot_uniform"`.
-        bias_initializer: initializer of the projection biases. Defaults to `"zeros"`.
-        seed: optional int seed for the dropout. Defaults to `None`.
         implementation: `"local"`, `"chunked"` or `"dense"`. Defaults to `"local"`.
-        chunk_size: optional int, keys per block when chunked. Defaults to `None`.
+        window: deprecated, `window=d` is `sliding_window=d + 1` (|p - j| <= d), the spelling
+            of earlier releases; their `.keras` files load.
+        **kwargs: the other `MultiHead` arguments (`value_dim`, `output_dim`, `dropout`,
+            `use_bias`, initializers, `seed`, `chunk_size`, `num_key_value_heads`,
+            `position_encoding`, ...), except `add_bias_kv` and `add_zero_attn` (an appended
+            key has no place in the window).
 
     Call arguments:
         As `MultiHead`; with the local kernel `key` and `value` have the query's length
@@ -52,7 +54,7 @@ class LocalMultiHead(MultiHead):
         `return_attention_scores=True`, also the weights `(B, H, T, S)`.
 
     Example:
-    >>> layer = LocalMultiHead(num_heads=4, key_dim=16, window=64)
+    >>> layer = LocalMultiHead(num_heads=4, key_dim=16, sliding_window=65)
     >>> layer(keras.ops.ones((2, 8192, 64)), use_causal_mask=True).shape  # (2, 8192, 64)
 
     References:
@@ -66,51 +68,52 @@ class LocalMultiHead(MultiHead):
         self,
         num_heads: int,
         key_dim: int,
-        window: int,
+        *,
+        sliding_window: int | None = None,
         num_global: int = 0,
-        value_dim: int | None = None,
-        output_dim: int | None = None,
-        dropout: float = 0.0,
-        use_bias: bool = True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        seed: int | None = None,
         implementation: str = "local",
-        chunk_size: int | None = None,
+        window: int | None = None,
         **kwargs,
     ):
-        for option in ("add_bias_kv", "add_zero_attn", "sliding_window"):
+        for option in ("add_bias_kv", "add_zero_attn"):
             if kwargs.pop(option, None):
                 raise ValueError(
                     f"Argument `{option}` is not supported by LocalMultiHead (an appended key "
-                    "has no position in the window; the window is `window`). Received: "
-                    f"{option}=True"
+                    f"has no position in the window). Received: {option}=True"
                 )
-        super().__init__(
-            num_heads=num_heads,
-            key_dim=key_dim,
-            value_dim=value_dim,
-            output_dim=output_dim,
-            dropout=dropout,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            seed=seed,
-            implementation=implementation,
-            chunk_size=chunk_size,
-            **kwargs,
-        )
-        check_int("window", window, 0)
-        check_int("num_global", num_global, 0)
-        self.window = window
-        self.num_global = num_global
+        if window is not None:
+            window = as_int("window", window, 0)
+            if sliding_window is not None and sliding_window != window + 1:
+                raise ValueError(
+                    "Arguments `window` (deprecated, |p - j| <= window) and `sliding_window` "
+                    "(|p - j| < sliding_window) disagree; give `sliding_window`. Received: "
+                    f"window={window}, sliding_window={sliding_window}"
+                )
+            warnings.warn(
+                "LocalMultiHead(window=d) is deprecated: use sliding_window=d + 1 (the query "
+                "at p sees keys j with |p - j| < sliding_window, as in Keras).",
+                DeprecationWarning, stacklevel=2)
+            sliding_window = window + 1
+        if sliding_window is None:
+            raise ValueError(
+                "Argument `sliding_window` is required: the query at position p sees the keys "
+                "j with |p - j| < sliding_window. Received: sliding_window=None"
+            )
+        super().__init__(num_heads=num_heads, key_dim=key_dim, sliding_window=sliding_window,
+                         implementation=implementation, **kwargs)
+        self.num_global = as_int("num_global", num_global, 0)
 
     def _window(self) -> dict:
-        return {"window": self.window, "num_global": self.num_global}
+        return {"window": self.sliding_window - 1, "num_global": self.num_global}
+
+    @property
+    def window(self) -> int:
+        """Deprecated: `sliding_window - 1`, the band's half-width (|p - j| <= window)."""
+        return self.sliding_window - 1
 
     def get_config(self):
         config = super().get_config()
-        for name in ("add_bias_kv", "add_zero_attn", "sliding_window"):  # never set here
+        for name in ("add_bias_kv", "add_zero_attn"):  # never set here
             config.pop(name)
-        config.update({"window": self.window, "num_global": self.num_global})
+        config["num_global"] = self.num_global
         return config

@@ -8,48 +8,63 @@ import keras
 from keras import ops
 
 from keras_attn import ops as attn_ops
-from keras_attn._checks import check_bool, check_one_of
-from keras_attn.layers.base import BaseAttention, check_positive_int
+from keras_attn._checks import as_int, check_bool, check_one_of, static_int
+from keras_attn.layers.any_rank import AnyRankInputs
+from keras_attn.layers.base import BaseAttention
 from keras_attn.layers.cache import KeyValueCache
+from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.position_bias import (
     AlibiBias,
     RelativePositionBias,
     position_layer,
+    serialize_position_layer,
 )
 from keras_attn.layers.position_encoding import RotaryEmbedding
+from keras_attn.layers.quantization import QuantizedSublayers
+from keras_attn.ops.attention import check_bias
+from keras_attn.ops.axes import check_axes_argument
 from keras_attn.tuning import xla_dense
+
+PROJECTIONS = ("query", "key", "value", "output", "gate")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class MultiHead(KeyValueCache, BaseAttention):
+class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention):
     """Multi-head attention (Vaswani et al., 2017).
 
     Each head i computes softmax(Qᵢ Kᵢᵀ / √key_dim) Vᵢ with Qᵢ = q W_i^(q), Kᵢ = k W_i^(k),
-    Vᵢ = v W_i^(v); the heads are concatenated and projected by W_o. The h heads share one
-    projection per input (`query_dense` has `num_heads * key_dim` units) and run as a single
-    batched product over `(B, H, T, S)` scores, through `keras_attn.ops.dot_product_attention`.
+    Vᵢ = v W_i^(v); the heads are concatenated and projected by W_o. The layer projects (one
+    `keras.layers.Dense` per input, `query_dense` with `num_heads * key_dim` units), splits
+    heads, keeps the decoding cache, and makes one call to `keras_attn.ops.attend`, which
+    regroups grouped-query heads, picks the kernel and computes softmax(QKᵀ)V.
 
-    Keys and values may have sizes different from the query (torch's `kdim`/`vdim`).
-    `add_bias_kv` appends a learned key and value to the key sequence and `add_zero_attn` a zero
-    key and value, as `torch.nn.MultiheadAttention` documents them.
+    A drop-in for `keras.layers.MultiHeadAttention` and `GroupQueryAttention` (see the README
+    for the deliberate differences: `call(query, key, value)` order, boolean masks only, the
+    query and value widths may differ), with torch's `kdim`/`vdim` (inputs of any widths),
+    `add_bias_kv` (a learned key and value appended to the keys) and `add_zero_attn` (a zero
+    key and value).
 
     Args:
-        num_heads: int, number of heads `H`.
-        key_dim: int, size of each head for query and key.
+        num_heads: int, number of query heads `H`.
+        key_dim: int, size of each head for query and key (Llama's `head_dim`; independent of
+            the input width).
         value_dim: int, size of each head for value. Defaults to `key_dim`.
-        output_dim: int, size of the output. Defaults to the last dimension of the query.
+        output_dim: int, size of the output (`output_shape` for a single axis). Defaults to
+            the last dimension of the query.
         dropout: float in [0, 1), dropout on the attention weights. Defaults to `0.0`.
-        use_bias: bool, whether the four projections have biases. Defaults to `True`.
-        add_bias_kv: bool, append learned biases to the keys and values. Defaults to `False`.
-        add_zero_attn: bool, append a zero key and value. Defaults to `False`.
-        kernel_initializer: initializer of the projection kernels. Defaults to
-            `"glorot_uniform"`.
+        use_bias: bool, whether the projections have biases, or a collection of the names of
+            those that do, among `"query"`, `"key"`, `"value"`, `"output"`, `"gate"` (Qwen2:
+            `("query", "key", "value")`). Defaults to `True`.
+        add_bias_kv: bool, append a learned key and value (torch). Defaults to `False`.
+        add_zero_attn: bool, append a zero key and value (torch). Defaults to `False`.
+        kernel_initializer: initializer of the projection kernels; each projection draws from
+            its own copy (`sublayer_initializer`). Defaults to `"glorot_uniform"`.
         bias_initializer: initializer of the projection biases. Defaults to `"zeros"`.
         seed: optional int seed for the dropout. Defaults to `None`.
-        implementation: `"dense"` or `"chunked"` (exact attention blockwise over keys, memory
-            `T · chunk_size` instead of `T · S`, same outputs and gradients; no dropout in
-            training, no returned weights). See `keras_attn.ops.dot_product_attention`.
-            Defaults to `"dense"`.
+        implementation: `"dense"`, `"chunked"` (exact attention blockwise over keys, memory
+            `T · chunk_size`; no dropout in training, no returned weights) or, with
+            `sliding_window`, `"local"` (O(T · window); calls it cannot take run the dense
+            kernel, see `keras_attn.ops.kernel_for`). Defaults to `"dense"`.
         chunk_size: optional int, keys per block for `implementation="chunked"`; `None` sizes
             blocks by `keras_attn.tuning`. Defaults to `None`.
         num_key_value_heads: optional int dividing `num_heads`: grouped-query attention, each
@@ -57,47 +72,57 @@ class MultiHead(KeyValueCache, BaseAttention):
             multi-query). The cache holds only the key/value heads. Defaults to `None` (one
             per query head).
         position_encoding: `None`, `"rope"` (rotary embeddings of the projected queries and
-            keys, offset by the cache index), `"alibi"` or `"relative"` (T5 buckets, learned),
-            or a `RotaryEmbedding`, `AlibiBias` or `RelativePositionBias` layer. Biases are
-            computed per block by the chunked kernel. Defaults to `None`.
+            keys: queries at `cache_update_index + t`, keys at their place in the key sequence
+            or cache), `"alibi"` or `"relative"` (T5 buckets, learned), or a
+            `RotaryEmbedding`, `AlibiBias` or `RelativePositionBias` layer, which may be shared
+            by several attention layers (T5), in memory and in `.keras` files. Defaults to
+            `None`.
         use_gate: bool, gate the attention output by `sigmoid(query W_g)` per head before the
             output projection (as `keras.layers.MultiHeadAttention(use_gate=True)`).
             Defaults to `False`.
-        sliding_window: optional int, each query attends to keys within `sliding_window - 1`
-            positions of it (as `keras.layers.MultiHeadAttention(sliding_window=...)`);
-            `implementation="local"` then computes it in O(T · window). Defaults to `None`.
-        output_shape: optional int or tuple, the output's trailing shape (Keras' name;
-            `output_dim` for a single axis). Defaults to `None`.
+        sliding_window: optional int `w`: the query at position p sees the keys j with
+            |p - j| < w (with the causal mask, the `w` keys p - w + 1 … p), as Keras' and
+            Hugging Face Mistral's `sliding_window`. Defaults to `None`.
+        output_shape: optional int or tuple, the output's trailing shape (Keras' name).
+            Defaults to `None`.
+        attention_axes: optional int or tuple, the axes of inputs of rank > 3 to attend over,
+            as in Keras (negative axes count from the end; the softmax normalises jointly over
+            the key's attention axes); `None` attends over every axis but the batch and the
+            features. Defaults to `None`.
         kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint: of every
             projection. Default to `None`.
 
     Call arguments:
-        query: `(B, T, dq)`.
+        query: `(B, T, dq)`, or `(B, d_1, ..., d_n, dq)` with `attention_axes`.
         key: `(B, S, dk)`. Defaults to `query`.
         value: `(B, S, dv)`. Defaults to `key`.
-        valid_lens: optional integer `(B,)` or `(B, T)` number of valid keys.
-        attention_mask: optional boolean `(B, T, S)` (or `(T, S)`, `(B, H, T, S)`), True =
-            attend. An additive float mask goes through `attention_bias`.
+        valid_lens: optional integer `(B,)` or `(B, T)` number of valid keys (rank-3 inputs).
+        attention_mask: optional boolean `(B, T, S)` (or `(T, S)`, `(B, H, T, S)`; for inputs
+            of rank > 3 the scores' layout as in Keras), True = attend. An additive float mask
+            goes through `attention_bias`.
         use_causal_mask: bool, hide keys after each query. Defaults to `False`.
-        return_attention_scores: bool, also return the weights `(B, H, T, S)`.
+        return_attention_scores: bool, also return the weights `(B, H, T, S)` (Keras' layout
+            `(B, others..., H, T..., S...)` for inputs of rank > 3).
         training: bool, whether dropout is active.
-        query_mask, key_mask, value_mask: optional boolean `(B, T)`, `(B, S)`, `(B, S)`
-            padding masks (default: the Keras implicit masks of the inputs).
-        attention_bias: optional float tensor broadcastable to `(B, H, T, S)`, added to the
-            scaled scores.
-        cache: optional `(key_cache, value_cache)` of shapes `(B, H, S_max, key_dim)` and
-            `(B, H, S_max, value_dim)` (see `init_cache` / `compute_cache`, which zeroes padded
-            positions; a cache is trusted and not checked for them again). With
-            `cache_update_index=None` the cache is used as the keys and values (e.g.
-            cross-attention to a fixed encoder; `key` and `value` must then be None);
-            otherwise the projected `key`/`value` of this call are written into the cache at
-            `cache_update_index` and attention runs over the whole cache, a causal mask
-            offset by `cache_update_index`. Key masks then cover the whole cache, `(B, S_max)`.
-        cache_update_index: int or scalar tensor, position of the first query in the cache.
+        query_mask, key_mask, value_mask: optional boolean padding masks of the inputs without
+            their feature axis (default: the Keras implicit masks of the inputs).
+        attention_bias: optional float tensor broadcastable to `(B, H, T, S)` (so `(H, T, S)`
+            is per head), added to the scaled scores.
+        cache: optional `(key_cache, value_cache)` of shapes `(B, H_kv, S_max, key_dim)` and
+            `(B, H_kv, S_max, value_dim)` (see `init_cache` / `compute_cache`; a cache is
+            trusted and not checked for padding again). With `cache_update_index=None` the
+            cache is used as the keys and values (e.g. cross-attention to a fixed encoder;
+            `key` and `value` must then be None); otherwise the projected `key`/`value` of
+            this call are written into the cache at `cache_update_index` and attention runs
+            over the whole cache under a causal mask offset by `cache_update_index` (implied:
+            the slots after the queries are not written yet). Key masks then cover the whole
+            cache, `(B, S_max)`.
+        cache_update_index: int or scalar integer tensor, position of the first query in the
+            cache.
 
     Returns:
-        `(B, T, output_dim)`; then the updated cache when `cache` is given; then the weights
-        `(B, H, T, S)` when `return_attention_scores=True`.
+        `(B, T, *output_shape)`; then the updated cache when `cache` is given; then the
+        weights when `return_attention_scores=True`.
 
     Example:
     >>> mha = MultiHead(num_heads=2, key_dim=8)
@@ -117,7 +142,7 @@ class MultiHead(KeyValueCache, BaseAttention):
         value_dim: int | None = None,
         output_dim: int | None = None,
         dropout: float = 0.0,
-        use_bias: bool = True,
+        use_bias=True,
         add_bias_kv: bool = False,
         add_zero_attn: bool = False,
         kernel_initializer="glorot_uniform",
@@ -130,6 +155,7 @@ class MultiHead(KeyValueCache, BaseAttention):
         use_gate: bool = False,
         sliding_window: int | None = None,
         output_shape=None,
+        attention_axes=None,
         kernel_regularizer=None,
         bias_regularizer=None,
         kernel_constraint=None,
@@ -137,34 +163,32 @@ class MultiHead(KeyValueCache, BaseAttention):
         **kwargs,
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
-        self.num_key_value_heads = num_key_value_heads or num_heads
-        if num_heads % self.num_key_value_heads:
+        self.num_heads = as_int("num_heads", num_heads)
+        self.key_dim = as_int("key_dim", key_dim)
+        self.value_dim = as_int("value_dim", value_dim, allow_none=True) or self.key_dim
+        kv_heads = as_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+        self.num_key_value_heads = kv_heads or self.num_heads
+        if self.num_heads % self.num_key_value_heads:
             raise ValueError(
                 "Received an invalid value for argument `num_key_value_heads`, expected a "
                 f"divisor of num_heads={num_heads}. Received: "
                 f"num_key_value_heads={num_key_value_heads}"
             )
-        check_positive_int("sliding_window", sliding_window, allow_none=True)
-        check_bool("use_gate", use_gate)
-        self.sliding_window = sliding_window
-        self.use_gate = use_gate
-        output_dim, self.output_shape_ = _output_shape(output_dim, output_shape)
+        self.sliding_window = as_int("sliding_window", sliding_window, allow_none=True)
+        self.chunk_size = as_int("chunk_size", chunk_size, allow_none=True)
+        for name, value in (("use_gate", use_gate), ("add_bias_kv", add_bias_kv),
+                            ("add_zero_attn", add_zero_attn)):
+            check_bool(name, value)
+        self.use_gate, self.add_bias_kv, self.add_zero_attn = use_gate, add_bias_kv, add_zero_attn
+        self.use_bias = _check_use_bias(use_bias)
+        self.output_dim, self.output_shape_ = _output_shape(
+            as_int("output_dim", output_dim, allow_none=True), output_shape)
+        check_axes_argument(attention_axes)
+        self.attention_axes = (tuple(attention_axes) if isinstance(attention_axes, (list, tuple))
+                               else attention_axes)
         self.position_encoding = position_layer(position_encoding, self.dtype_policy)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
-        check_positive_int("key_dim", key_dim)
-        check_positive_int("value_dim", value_dim, allow_none=True)
-        check_positive_int("output_dim", output_dim, allow_none=True)
-        check_positive_int("chunk_size", chunk_size, allow_none=True)
         check_one_of("implementation", implementation, self.implementations
-                     + (("local",) if sliding_window is not None else ()))
-        check_bool("use_bias", use_bias)
-        check_bool("add_bias_kv", add_bias_kv)
-        check_bool("add_zero_attn", add_zero_attn)
+                     + (("local",) if self.sliding_window is not None else ()))
         if chunk_size is not None and implementation != "chunked":
             raise ValueError(
                 "Argument `chunk_size` applies to implementation=\"chunked\" only. Received: "
@@ -176,30 +200,31 @@ class MultiHead(KeyValueCache, BaseAttention):
                 "attention weights; use implementation=\"dense\" or dropout=0. Received: "
                 f"implementation={implementation!r}, dropout={dropout!r}"
             )
-        self.num_heads = num_heads
-        self.key_dim = key_dim
-        self.value_dim = key_dim if value_dim is None else value_dim
-        self.output_dim = output_dim
-        self.use_bias = use_bias
-        self.add_bias_kv = add_bias_kv
-        self.add_zero_attn = add_zero_attn
+        self.implementation = implementation
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.implementation = implementation
-        self.chunk_size = chunk_size
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+
+    # ---- projections -----------------------------------------------------------------------
 
     def _dense(self, units: int, name: str, activation=None) -> keras.layers.Dense:
+        """A projection `<name>_dense` with its own initializers (`sublayer_initializer`)."""
+        sublayer = f"{name}_dense"
         return keras.layers.Dense(
             units,
             activation=activation,
-            use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            use_bias=self.use_bias is True or (self.use_bias is not False
+                                               and name in self.use_bias),
+            kernel_initializer=sublayer_initializer(self.kernel_initializer, sublayer),
+            bias_initializer=sublayer_initializer(self.bias_initializer, sublayer),
             kernel_regularizer=self.kernel_regularizer,
             bias_regularizer=self.bias_regularizer,
             kernel_constraint=self.kernel_constraint,
             bias_constraint=self.bias_constraint,
-            name=name,
+            name=sublayer,
             dtype=self.dtype_policy,
         )
 
@@ -207,38 +232,35 @@ class MultiHead(KeyValueCache, BaseAttention):
         key_shape = query_shape if key_shape is None else key_shape
         value_shape = key_shape if value_shape is None else value_shape
         self.check_inputs(query_shape, key_shape, value_shape)
-        for name, shape in (("query", query_shape), ("key", key_shape), ("value", value_shape)):
-            if shape[-1] is None:
-                raise ValueError(
-                    f"Argument `{name}` must have a known last dimension. "
-                    f"Received: {name}.shape={tuple(shape)}"
-                )
-        heads_q = self.num_heads * self.key_dim
-        heads_k = self.num_key_value_heads * self.key_dim
-        heads_v = self.num_key_value_heads * self.value_dim
-        self.query_dense = self._dense(heads_q, "query_dense")
-        self.key_dense = self._dense(heads_k, "key_dense")
-        self.value_dense = self._dense(heads_v, "value_dense")
-        outputs = math.prod(self.output_shape_) if self.output_shape_ else query_shape[-1]
-        self.output_dense = self._dense(outputs, "output_dense")
+        query_shape, key_shape, value_shape = (tuple(s) for s in (query_shape, key_shape,
+                                                                   value_shape))
+        value_width = self.num_heads * self.value_dim
+        self.query_dense = self._dense(self.num_heads * self.key_dim, "query")
+        self.key_dense = self._dense(self.num_key_value_heads * self.key_dim, "key")
+        self.value_dense = self._dense(self.num_key_value_heads * self.value_dim, "value")
+        out = math.prod(self.output_shape_) if self.output_shape_ else query_shape[-1]
+        self.output_dense = self._dense(out, "output")
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
-        self.output_dense.build(tuple(query_shape[:-1]) + (self.num_heads * self.value_dim,))
+        self.output_dense.build(query_shape[:-1] + (value_width,))
         if self.use_gate:
-            self.gate_dense = self._dense(self.num_heads * self.value_dim, "gate_dense",
-                                          "sigmoid")
+            self.gate_dense = self._dense(value_width, "gate", "sigmoid")
             self.gate_dense.build(query_shape)
         if (isinstance(self.position_encoding, RelativePositionBias)
                 and not self.position_encoding.built):
             self.position_encoding.build((None, self.num_heads, None, None))
         if self.add_bias_kv:
-            self.bias_k = self.add_weight(name="bias_k", shape=(heads_k,), initializer="zeros")
-            self.bias_v = self.add_weight(name="bias_v", shape=(heads_v,), initializer="zeros")
+            self.bias_k = self.add_weight(name="bias_k", initializer="zeros",
+                                          shape=(self.num_key_value_heads * self.key_dim,))
+            self.bias_v = self.add_weight(name="bias_v", initializer="zeros",
+                                          shape=(self.num_key_value_heads * self.value_dim,))
 
     def split_heads(self, x, num_heads: int | None = None):
         """`(B, T, H · d)` -> `(B, H, T, d)` (`H` the query heads unless given)."""
         return attn_ops.split_heads(x, num_heads or self.num_heads)
+
+    # ---- the call ------------------------------------------------------------------------------
 
     def call(
         self,
@@ -257,78 +279,92 @@ class MultiHead(KeyValueCache, BaseAttention):
         cache=None,
         cache_update_index=None,
     ):
-        key_len = None
+        axes = self.axes_for(len(query.shape))
+        if not axes.is_plain:
+            return self._call_folded(axes, query, key, value, valid_lens, attention_mask,
+                                     use_causal_mask, return_attention_scores, training,
+                                     query_mask, key_mask, value_mask, attention_bias, cache)
+        return self._call(query, key, value, valid_lens, attention_mask, use_causal_mask,
+                          return_attention_scores, training, query_mask, key_mask, value_mask,
+                          attention_bias, cache, cache_update_index)
+
+    def _call(self, query, key, value, valid_lens, attention_mask, use_causal_mask,
+              return_attention_scores, training, query_mask, key_mask, value_mask,
+              attention_bias, cache, cache_update_index):
+        """The call on `(B, T, d)` inputs: project, split heads, rotate, cache, attend once,
+        combine heads."""
         if cache is not None:
-            if self.add_bias_kv or self.add_zero_attn:
-                raise ValueError(
-                    "Argument `cache` cannot be combined with `add_bias_kv=True` or "
-                    "`add_zero_attn=True`."
-                )
-            self._check_cache(cache, query, key, cache_update_index)
-            key_len = ops.shape(cache[0])[2]
+            self.check_cache(cache, query, key, cache_update_index)
+        offset = _as_index(0 if cache_update_index is None else cache_update_index)
         query, key, value, mask = self.prepare(
-            query, key, value, valid_lens, attention_mask, use_causal_mask, query_mask,
-            key_mask, value_mask, key_len=key_len,
-            causal_offset=0 if cache_update_index is None else cache_update_index,
+            query, key, value, valid_lens, attention_mask,
+            use_causal_mask or cache_update_index is not None,  # a cache's later slots: unwritten
+            query_mask, key_mask, value_mask,
+            key_len=None if cache is None else ops.shape(cache[0])[2], causal_offset=offset,
             **self._window(),
         )
-        implementation = self._implementation(mask, return_attention_scores, cache,
-                                              attention_bias)
-        if return_attention_scores and implementation != "dense":
-            raise ValueError(
-                "Argument `return_attention_scores=True` needs the (B, H, T, S) weights, which "
-                f"implementation={implementation!r} never forms; use implementation=\"dense\"."
-            )
-        offset = 0 if cache_update_index is None else cache_update_index
-        q = self.split_heads(xla_dense(self.query_dense, query))  # (B, H, T, dk)
-        q = self._rotate(q, offset)
+        q = self._rotate(self.split_heads(xla_dense(self.query_dense, query)), offset)
+        k, v = self._keys_and_values(key, value, cache, cache_update_index, offset)
+        k_all, v_all, mask = self._append_extra_keys(k, v, mask)  # torch's options
+        if attention_bias is not None:
+            attention_bias = check_bias(attention_bias, q, k_all)
+        context, weights = attn_ops.attend(
+            q, k_all, v_all, mask, dropout_rate=self.dropout if training else 0.0,
+            seed=self.seed_generator, implementation=self.implementation,
+            chunk_size=self.chunk_size, bias=attention_bias,
+            position_bias=self._position_bias(), return_weights=bool(return_attention_scores),
+        )  # (B, H, T, dv), (B, H, T, S) or None
+        results = (self._combine_heads(context, query),)
+        if cache is not None:
+            results += ((k, v),)
+        if return_attention_scores:
+            results += (weights,)
+        return results[0] if len(results) == 1 else results
+
+    def _keys_and_values(self, key, value, cache, cache_update_index, offset):
+        """The projected keys and values `(B, H_kv, S, ·)` to attend to, rotated at their
+        positions: this call's, the cache as it is, or the cache with this call's written in
+        at `cache_update_index`."""
         if cache is None:
-            k, v = self.compute_cache(key, value)  # (B, H_kv, S, dk), (B, H_kv, S, dv)
-            k = self._rotate(k, 0)
-        else:
-            k, v = cache
-            if cache_update_index is not None:
-                new_k, new_v = self.compute_cache(key, value)  # (B, H_kv, T, d)
-                start = (0, 0, cache_update_index, 0)
-                new_k = self._rotate(new_k, offset)  # the new keys sit at the queries' places
-                k = ops.slice_update(k, start, ops.cast(new_k, k.dtype))
-                v = ops.slice_update(v, start, ops.cast(new_v, v.dtype))
-        k_att, v_att = k, v
-        heads = (1, self.num_key_value_heads, 1, -1)
-        if self.add_bias_kv:
-            mask = self._append_mask(mask, ops.shape(k_att)[2])
-            k_att = _append_key(k_att, ops.reshape(self.bias_k, heads))
-            v_att = _append_key(v_att, ops.reshape(self.bias_v, heads))
-        if self.add_zero_attn:
-            mask = self._append_mask(mask, ops.shape(k_att)[2])
-            k_att = _append_key(k_att, ops.zeros((1, 1, 1, self.key_dim), k_att.dtype))
-            v_att = _append_key(v_att, ops.zeros((1, 1, 1, self.value_dim), v_att.dtype))
-        q, k_att, v_att, mask, attention_bias = self._group(q, k_att, v_att, mask,
-                                                           attention_bias)
-        context, weights = attn_ops.dot_product_attention(
-            q, k_att, v_att, mask, dropout_rate=self.dropout,
-            training=bool(training), seed=self.seed_generator,
-            implementation=implementation,
-            chunk_size=self.chunk_size if implementation == "chunked" else None,
-            bias=attention_bias, causal_offset=offset, position_bias=self._position_bias(),
-            return_weights=bool(return_attention_scores),
-            # The inputs were zeroed before projecting (`prepare`), the cache's too
-            # (`compute_cache`): no per-step pass over the cache.
-            zero_masked_inputs=False,
-        )  # (B, H, T, dv) or (B, H_kv, G, T, dv); weights alike, or None
-        context = self._ungroup(context)  # (B, H, T, dv)
+            return self.project_keys(key, value, 0)
+        if cache_update_index is None:
+            return cache
+        new_k, new_v = self.project_keys(key, value, offset)  # (B, H_kv, T, d)
+        start = (0, 0, offset, 0)
+        return (ops.slice_update(cache[0], start, ops.cast(new_k, cache[0].dtype)),
+                ops.slice_update(cache[1], start, ops.cast(new_v, cache[1].dtype)))
+
+    def project_keys(self, key, value, start_index=0):
+        """`(B, S, ·)` keys and values -> `(B, H_kv, S, key_dim)`, `(B, H_kv, S, value_dim)`,
+        the keys rotated at positions `start_index + s` (with rotary positions)."""
+        k = self.split_heads(xla_dense(self.key_dense, key), self.num_key_value_heads)
+        v = self.split_heads(xla_dense(self.value_dense, value), self.num_key_value_heads)
+        return self._rotate(k, start_index), v
+
+    def _combine_heads(self, context, query):
+        """`(B, H, T, dv)` -> the output `(B, T, *output_shape)`: heads merged, gated, projected."""
         context = attn_ops.merge_heads(context)  # (B, T, H · dv)
         if self.use_gate:
             context = context * self.gate_dense(query)
         outputs = xla_dense(self.output_dense, context)  # (B, T, prod(output_shape))
         if self.output_shape_ and len(self.output_shape_) > 1:
             outputs = ops.reshape(outputs, tuple(ops.shape(outputs)[:2]) + self.output_shape_)
-        results = (outputs,)
-        if cache is not None:
-            results += ((k, v),)
-        if return_attention_scores:
-            results += (self._ungroup(weights),)
-        return results[0] if len(results) == 1 else results
+        return outputs
+
+    def _append_extra_keys(self, k, v, mask):
+        """torch's `add_bias_kv` (a learned key and value) and `add_zero_attn` (a zero key and
+        value) appended after the keys, visible to every query; no-op without them."""
+        extras = []
+        if self.add_bias_kv:
+            extras.append((self.bias_k, self.bias_v))
+        if self.add_zero_attn:
+            extras.append((ops.zeros((self.num_key_value_heads * self.key_dim,)),
+                           ops.zeros((self.num_key_value_heads * self.value_dim,))))
+        for extra_k, extra_v in extras:
+            k, v = _append_key(k, extra_k), _append_key(v, extra_v)
+        if extras and mask is not None:
+            mask = mask.append_keys(len(extras))
+        return k, v, mask
 
     def _rotate(self, x, offset):
         """Rotary embeddings of `(B, H, T, d)` projections at positions `offset + t`."""
@@ -342,62 +378,22 @@ class MultiHead(KeyValueCache, BaseAttention):
             return self.position_encoding.position_bias(self.num_heads)
         return None
 
-    def _group(self, q, k, v, mask, bias):
-        """Grouped heads: `(B, H, T, d)` queries as `(B, H_kv, G, T, d)` against keys and values
-        `(B, H_kv, 1, S, ·)`; per-head masks and biases alike. No-op without groups."""
-        group = self.num_heads // self.num_key_value_heads
-        if group == 1:
-            return q, k, v, mask, bias
-
-        def split(x):  # (B, H, ...) -> (B, H_kv, G, ...); a broadcast head axis stays 1
-            if x is None or len(x.shape) < 4 or x.shape[1] == 1:
-                return x if x is None or len(x.shape) < 4 else ops.expand_dims(x, 2)
-            shape = tuple(ops.shape(x))
-            return ops.reshape(x, shape[:1] + (self.num_key_value_heads, group) + shape[2:])
-
-        if mask is not None and mask.dense is not None:
-            mask = mask.with_dense(split(mask.dense))
-        if bias is not None:
-            bias = ops.convert_to_tensor(bias)
-            bias = split(bias) if len(bias.shape) == 4 else bias
-        return split(q), ops.expand_dims(k, 2), ops.expand_dims(v, 2), mask, bias
-
-    def _ungroup(self, x):
-        """`(B, H_kv, G, T, ·)` -> `(B, H, T, ·)`."""
-        if x is None or len(x.shape) != 5:
-            return x
-        shape = tuple(ops.shape(x))
-        return ops.reshape(x, shape[:1] + (self.num_heads,) + shape[3:])
-
     def _window(self) -> dict:
-        """Extra `AttentionMask.build` arguments: the sliding window (Keras' `sliding_window`
-        w is `|i - j| < w`, a window of `w - 1`)."""
-        if self.sliding_window is None:
-            return {}
-        return {"window": self.sliding_window - 1}
+        """The sliding window as `AttentionMask.build` takes it (|p - j| <= window)."""
+        return {} if self.sliding_window is None else {"window": self.sliding_window - 1}
 
-    def _implementation(self, mask, return_attention_scores, cache, attention_bias) -> str:
-        """The kernel for this call: the local kernel gives way to the dense one for what it
-        cannot take (the weights, a cache, a bias tensor, a dense mask, per-query lengths)."""
-        if self.implementation != "local":
-            return self.implementation
-        needs_scores = (
-            return_attention_scores or cache is not None or attention_bias is not None
-            or mask.dense is not None
-            or (mask.key_lens is not None and len(mask.key_lens.shape) == 2)
-        )
-        return "dense" if needs_scores else "local"
-
-    def _append_mask(self, mask, key_len):
-        """The appended key is always visible (to every query that sees anything)."""
-        if mask is None:
-            return None
-        return mask.append_keys(1)
+    # ---- shapes and config ---------------------------------------------------------------------
 
     def compute_output_shape(self, query_shape, key_shape=None, value_shape=None):
+        key_shape = query_shape if key_shape is None else key_shape
+        value_shape = key_shape if value_shape is None else value_shape
+        self.check_inputs(query_shape, key_shape, value_shape)
         return tuple(query_shape[:-1]) + (self.output_shape_ or (query_shape[-1],))
 
     def weights_shape(self, query_shape, key_shape) -> tuple:
+        axes = self.axes_for(len(query_shape))
+        if not axes.is_plain:
+            return axes.weights_shape(query_shape, key_shape, self.num_heads)
         extra = int(self.add_bias_kv) + int(self.add_zero_attn)
         key_len = None if key_shape[1] is None else key_shape[1] + extra
         return (query_shape[0], self.num_heads, query_shape[1], key_len)
@@ -414,40 +410,43 @@ class MultiHead(KeyValueCache, BaseAttention):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "output_dim": self.output_dim,
-                "use_bias": self.use_bias,
-                "add_bias_kv": self.add_bias_kv,
-                "add_zero_attn": self.add_zero_attn,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "implementation": self.implementation,
-                "chunk_size": self.chunk_size,
-                "num_key_value_heads": (None if self.num_key_value_heads == self.num_heads
-                                        else self.num_key_value_heads),
-                "position_encoding": (None if self.position_encoding is None
-                                      else keras.layers.serialize(self.position_encoding)),
-                "use_gate": self.use_gate,
-                "sliding_window": self.sliding_window,
-                "output_shape": None if self.output_shape_ is None else list(self.output_shape_),
-                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
-                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
-                "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
-                "bias_constraint": keras.constraints.serialize(self.bias_constraint),
-            }
-        )
+        config.update({
+            "num_heads": self.num_heads,
+            "key_dim": self.key_dim,
+            "value_dim": self.value_dim,
+            "output_dim": self.output_dim,
+            "use_bias": self.use_bias if isinstance(self.use_bias, bool) else list(
+                self.use_bias),
+            "add_bias_kv": self.add_bias_kv,
+            "add_zero_attn": self.add_zero_attn,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "implementation": self.implementation,
+            "chunk_size": self.chunk_size,
+            "num_key_value_heads": (None if self.num_key_value_heads == self.num_heads
+                                    else self.num_key_value_heads),
+            "position_encoding": serialize_position_layer(self.position_encoding),
+            "use_gate": self.use_gate,
+            "sliding_window": self.sliding_window,
+            "output_shape": None if self.output_shape_ is None else list(self.output_shape_),
+            "attention_axes": (list(self.attention_axes)
+                               if isinstance(self.attention_axes, tuple) else
+                               self.attention_axes),
+            "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+            "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+            "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
+            "bias_constraint": keras.constraints.serialize(self.bias_constraint),
+            "dtype": self.dtype_config(),
+        })
         return config
 
     # ---- importers (keras_attn.layers.importers) ---------------------------------------------
 
     @classmethod
     def from_keras(cls, layer, **kwargs) -> MultiHead:
-        """A built `MultiHead` equal to a built `keras.layers.MultiHeadAttention`; raises for
-        the options it cannot reproduce exactly (see `keras_attn.layers.importers`)."""
+        """A built `MultiHead` equal to a built `keras.layers.MultiHeadAttention` or
+        `GroupQueryAttention`, its dtype policy and attention axes included; raises for the
+        options it cannot reproduce exactly (see `keras_attn.layers.importers`)."""
         from keras_attn.layers.importers import from_keras
 
         return from_keras(cls, layer, **kwargs)
@@ -462,18 +461,33 @@ class MultiHead(KeyValueCache, BaseAttention):
         return from_torch_state_dict(cls, state_dict, num_heads, add_zero_attn, **kwargs)
 
 
+def _check_use_bias(use_bias):
+    """`use_bias` as a bool, or a tuple of projection names."""
+    if isinstance(use_bias, bool):
+        return use_bias
+    names = (use_bias,) if isinstance(use_bias, str) else use_bias
+    if not isinstance(names, (tuple, list, set, frozenset)) or not all(
+            name in PROJECTIONS for name in names):
+        raise ValueError(
+            "Received an invalid value for argument `use_bias`, expected a bool or a "
+            f"collection of projection names among {PROJECTIONS}. Received: "
+            f"use_bias={use_bias!r}"
+        )
+    return tuple(name for name in PROJECTIONS if name in names)
+
+
 def _output_shape(output_dim, output_shape):
     """`(output_dim, output_shape)`: the int of a one-axis output (else None) and the tuple
     (None when neither is given); both may be given when they agree."""
     if output_shape is not None:
         shape = (output_shape,) if isinstance(output_shape, int) else output_shape
         if not isinstance(shape, (tuple, list)) or not shape or any(
-                isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
+                isinstance(d, bool) or static_int(d) is None or d < 1 for d in shape):
             raise ValueError(
                 "Received an invalid value for argument `output_shape`, expected a positive "
                 f"int or a tuple of them. Received: output_shape={output_shape!r}"
             )
-        shape = tuple(shape)
+        shape = tuple(int(d) for d in shape)
         if output_dim is not None and shape != (output_dim,):
             raise ValueError(
                 "Arguments `output_dim` and `output_shape` disagree; give one. Received: "
@@ -483,8 +497,14 @@ def _output_shape(output_dim, output_shape):
     return output_dim, (None if output_dim is None else (output_dim,))
 
 
+def _as_index(index):
+    """A cache index as a Python int, or an int32 scalar tensor (any integer dtype in)."""
+    static = static_int(index)
+    return static if static is not None else ops.cast(index, "int32")
+
+
 def _append_key(x, extra):
-    """Concatenate one extra key position (broadcast over the batch) on axis 2."""
-    extra = ops.cast(extra, x.dtype)
+    """`(B, H, S, d)` with one more position, `extra` `(H · d,)` broadcast over the batch."""
+    extra = ops.reshape(ops.cast(extra, x.dtype), (1, ops.shape(x)[1], 1, ops.shape(x)[3]))
     extra = ops.broadcast_to(extra, ops.shape(x)[:2] + (1, ops.shape(x)[3]))  # (B, H, 1, d)
     return ops.concatenate([x, extra], axis=2)  # (B, H, S + 1, d)

@@ -15,16 +15,30 @@ from keras_attn._checks import check_bool, check_int, check_number
 from keras_attn.layers.position_encoding import RotaryEmbedding
 
 
+def _check_scores(scores_shape) -> None:
+    if len(scores_shape) != 4 or scores_shape[1] is None:
+        raise ValueError(
+            "Argument `scores` must be attention scores of shape (batch_size, num_heads, "
+            f"query_len, key_len) with a known num_heads. Received: "
+            f"scores.shape={tuple(scores_shape)}"
+        )
+
+
 class _ScoresBias(keras.layers.Layer):
     """Shared: `call(scores, start_index=0)` adds the bias to `(B, H, T, S)` scores."""
 
+    def build(self, scores_shape):
+        _check_scores(scores_shape)
+
     def call(self, scores, start_index=0):
+        _check_scores(scores.shape)
         num_heads, query_len, key_len = scores.shape[1], ops.shape(scores)[2], ops.shape(
             scores)[3]
         bias = self.position_bias(num_heads).dense(query_len, key_len, start_index)  # (H, T, S)
         return scores + ops.cast(bias[None], scores.dtype)
 
     def compute_output_shape(self, scores_shape):
+        _check_scores(scores_shape)
         return scores_shape
 
 
@@ -63,6 +77,7 @@ class AlibiBias(_ScoresBias):
         check_bool("symmetric", symmetric)
         self.max_bias = max_bias
         self.symmetric = symmetric
+        self.built = True  # no weights (see RotaryEmbedding)
 
     def position_bias(self, num_heads: int) -> attn_ops.AlibiBias:
         """The bias over `num_heads` heads, for the kernels."""
@@ -117,6 +132,7 @@ class RelativePositionBias(_ScoresBias):
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
 
     def build(self, scores_shape):
+        _check_scores(scores_shape)
         num_heads = scores_shape[1]
         check_int("num_heads", num_heads, 1)
         self.table = self.add_weight(name="table", shape=(self.num_buckets, num_heads),
@@ -140,6 +156,23 @@ class RelativePositionBias(_ScoresBias):
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
         })
         return config
+
+
+def serialize_position_layer(layer):
+    """A position layer's config for its attention layer's `get_config` (None stays None).
+
+    One layer may serve several attention layers (T5 shares one relative bias across the
+    blocks). Keras keeps such an object once in a `.keras` file when every config that holds
+    it carries the same `shared_object_id`, which `keras.saving.serialize_keras_object` adds to
+    an object it meets a second time while a model is saved. The config handed out here is
+    therefore the layer's second serialization: while saving it carries the id (so loading
+    gives back one shared layer, whose weights the file holds once); anywhere else the two
+    serializations are the same plain config.
+    """
+    if layer is None:
+        return None
+    keras.saving.serialize_keras_object(layer)
+    return keras.saving.serialize_keras_object(layer)
 
 
 def position_layer(position_encoding, dtype=None):

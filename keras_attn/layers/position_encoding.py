@@ -1,5 +1,5 @@
-"""Position encodings added to or applied on embeddings: sinusoidal (Vaswani et al.), learned
-(`TokenAndPositionEmbedding`), rotary (`RotaryEmbedding`)."""
+"""Position encodings added to or applied on embeddings: sinusoidal (Vaswani et al.) and rotary
+(`RotaryEmbedding`); learned positions: `keras_attn.layers.embedding`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import keras
 from keras import ops
 
 from keras_attn import ops as attn_ops
-from keras_attn._checks import check_bool, check_int, check_number, check_rate
+from keras_attn._checks import as_int, check_number, check_rate
 from keras_attn.layers.dropout import Dropout
 
 
@@ -18,13 +18,14 @@ def sinusoidal_table(length, dim: int, max_wavelength: float = 10000.0, start_in
         length: int or scalar tensor, number of positions.
         dim: int, feature size `d` (odd sizes drop the last cosine column).
         max_wavelength: float, `w`. Defaults to `10000`.
-        start_index: int or scalar tensor, position of the first row. Defaults to `0`.
+        start_index: int or scalar tensor (any integer dtype), position of the first row.
+            Defaults to `0`.
 
     Returns:
         float32 tensor of shape `(length, dim)`.
     """
     half = (dim + 1) // 2
-    positions = ops.cast(ops.arange(length) + start_index, "float32")  # (L,)
+    positions = ops.arange(length, dtype="float32") + ops.cast(start_index, "float32")  # (L,)
     two_j = ops.arange(half, dtype="float32") * 2.0  # (d/2,)
     inverse_freq = ops.power(float(max_wavelength), -two_j / float(dim))  # (d/2,)
     angles = ops.expand_dims(positions, -1) * ops.expand_dims(inverse_freq, 0)  # (L, d/2)
@@ -117,26 +118,33 @@ class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding (RoPE; Su et al., 2021) of queries or keys.
 
     Rotates pairs of features (feature `i` of the first half with `i + d/2`) by angles
-    `θᵢ = position · max_wavelength^(-2i/d) / scaling_factor`, so that the score of a query and
-    a key depends on their relative position. The same layout and arguments as
-    `keras_hub.layers.RotaryEmbedding` (features on the last axis). `MultiHead` takes it as
-    `position_encoding="rope"` (or an instance), applied to the projected queries and keys.
+    `θᵢ = position · fᵢ`, inverse frequencies `fᵢ = max_wavelength^(-2i/d) / scaling_factor`,
+    so that the score of a query and a key depends on their relative position. The same layout
+    and arguments as `keras_hub.layers.RotaryEmbedding` (its default, linear scaling).
+    `MultiHead` takes it as `position_encoding="rope"` (or an instance), applied to the
+    projected queries and keys. Other scalings of RoPE override `inverse_frequencies`.
 
     Args:
         max_wavelength: float, the base of the angles. Defaults to `10000`.
         scaling_factor: float >= 1, divides every angle (linear position interpolation).
             Defaults to `1.0`.
         sequence_axis: int, the axis of positions. Defaults to `1`.
+        feature_axis: int, the axis of the rotated features. Defaults to `-1`.
 
     Call arguments:
-        inputs: `(B, T, ..., d)`, `d` even.
-        start_index: int or scalar tensor, the position of the first element. Defaults to `0`.
+        inputs: a tensor with the two axes, e.g. `(B, T, d)` or `(B, T, H, d)`, `d` even.
+        start_index: int or scalar tensor (any integer dtype), the position of the first
+            element. Defaults to `0`.
+        positions: optional `(T,)` or per-batch `(B, T)` positions, instead of
+            `start_index + arange(T)`. Defaults to `None`.
 
     Returns:
         Tensor of the shape and dtype of `inputs`.
 
     Example:
     >>> RotaryEmbedding()(keras.ops.ones((2, 10, 4, 16))).shape  # (2, 10, 4, 16)
+    >>> RotaryEmbedding()(keras.ops.ones((2, 3, 8)), positions=keras.ops.array([[0, 1, 2],
+    ...                                                                        [5, 6, 7]]))
 
     References:
         Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding",
@@ -144,24 +152,37 @@ class RotaryEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, max_wavelength: float = 10000, scaling_factor: float = 1.0,
-                 sequence_axis: int = 1, **kwargs):
+                 sequence_axis: int = 1, feature_axis: int = -1, **kwargs):
         super().__init__(**kwargs)
         check_number("max_wavelength", max_wavelength, 0, strict=True)
         check_number("scaling_factor", scaling_factor, 1)
-        check_int("sequence_axis", sequence_axis, -8)
+        self.sequence_axis = as_int("sequence_axis", sequence_axis, -64)
+        self.feature_axis = as_int("feature_axis", feature_axis, -64)
         self.max_wavelength = max_wavelength
         self.scaling_factor = scaling_factor
-        self.sequence_axis = sequence_axis
         self.supports_masking = True
+        # No weights: built from the start, so that `model.quantize` can walk past it when an
+        # attention layer owns it and never calls it as a layer.
+        self.built = True
 
-    def rotate(self, x, start_index=0, sequence_axis=None):
+    def inverse_frequencies(self, depth: int):
+        """The float32 inverse frequencies `(depth / 2,)` of the rotation; the one place a
+        subclass changes them (Llama 3's or other `rope_scaling`)."""
+        return attn_ops.rope_inverse_frequencies(depth, self.max_wavelength,
+                                                 self.scaling_factor)
+
+    def rotate(self, x, start_index=0, sequence_axis=None, positions=None):
         """`x` rotated, its positions along `sequence_axis` (default: the layer's)."""
         axis = self.sequence_axis if sequence_axis is None else sequence_axis
-        return attn_ops.rotary_embedding(x, start_index, self.max_wavelength,
-                                         self.scaling_factor, axis)
+        depth = x.shape[self.feature_axis] if -len(x.shape) <= self.feature_axis < len(
+            x.shape) else None
+        return attn_ops.rotary_embedding(
+            x, start_index, sequence_axis=axis, positions=positions,
+            feature_axis=self.feature_axis,
+            inverse_frequencies=None if depth is None else self.inverse_frequencies(depth))
 
-    def call(self, inputs, start_index=0):
-        return self.rotate(inputs, start_index)
+    def call(self, inputs, start_index=0, positions=None):
+        return self.rotate(inputs, start_index, positions=positions)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -170,86 +191,6 @@ class RotaryEmbedding(keras.layers.Layer):
         config = super().get_config()
         config.update({"max_wavelength": self.max_wavelength,
                        "scaling_factor": self.scaling_factor,
-                       "sequence_axis": self.sequence_axis})
-        return config
-
-
-@keras.saving.register_keras_serializable(package="keras_attn")
-class TokenAndPositionEmbedding(keras.layers.Layer):
-    """Token embedding plus a learned position embedding: `E[ids] + P[positions]`.
-
-    Args:
-        vocab_size: int, number of tokens.
-        sequence_length: int, number of positions with an embedding of their own (the longest
-            input, prompt and generated tokens included).
-        embedding_dim: int, `d`.
-        mask_zero: bool, token id 0 is padding: the output carries the Keras implicit mask
-            `ids != 0`. Defaults to `False`.
-        embeddings_initializer: initializer of both tables. Defaults to `"uniform"`.
-
-    Call arguments:
-        inputs: integer token ids `(B, T)`.
-        start_index: int or scalar tensor, the position of the first token (decoding).
-            Defaults to `0`.
-
-    Returns:
-        `(B, T, embedding_dim)`.
-
-    Example:
-    >>> TokenAndPositionEmbedding(100, 32, 16)(keras.ops.array([[5, 6, 7]])).shape  # (1, 3, 16)
-    """
-
-    def __init__(self, vocab_size: int, sequence_length: int, embedding_dim: int,
-                 mask_zero: bool = False, embeddings_initializer="uniform", **kwargs):
-        super().__init__(**kwargs)
-        for name, value in (("vocab_size", vocab_size), ("sequence_length", sequence_length),
-                            ("embedding_dim", embedding_dim)):
-            check_int(name, value, 1)
-        check_bool("mask_zero", mask_zero)
-        self.vocab_size = vocab_size
-        self.sequence_length = sequence_length
-        self.embedding_dim = embedding_dim
-        self.mask_zero = mask_zero
-        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
-        self.token_embedding = keras.layers.Embedding(
-            vocab_size, embedding_dim, embeddings_initializer=self.embeddings_initializer,
-            mask_zero=mask_zero, name="token_embedding", dtype=self.dtype_policy)
-        self.position_embedding = keras.layers.Embedding(
-            sequence_length, embedding_dim, embeddings_initializer=self.embeddings_initializer,
-            name="position_embedding", dtype=self.dtype_policy)
-        self.supports_masking = mask_zero
-
-    def build(self, inputs_shape):
-        self.token_embedding.build(inputs_shape)
-        self.position_embedding.build((None,))
-
-    def call(self, inputs, start_index=0):
-        length = ops.shape(inputs)[1]
-        static = length if isinstance(length, int) else None
-        start = start_index if isinstance(start_index, int) else None
-        if static is not None and start is not None and start + static > self.sequence_length:
-            raise ValueError(
-                f"Argument `inputs` has positions up to {start + static - 1}, past the "
-                f"{self.sequence_length} positions this layer embeds "
-                f"(sequence_length={self.sequence_length}). Received: inputs.shape="
-                f"{tuple(inputs.shape)}, start_index={start_index}"
-            )
-        positions = ops.arange(length, dtype="int32") + ops.cast(start_index, "int32")  # (T,)
-        return self.token_embedding(inputs) + self.position_embedding(positions)[None]
-
-    def compute_mask(self, inputs, mask=None):
-        return ops.not_equal(inputs, 0) if self.mask_zero else None
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape) + (self.embedding_dim,)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({
-            "vocab_size": self.vocab_size,
-            "sequence_length": self.sequence_length,
-            "embedding_dim": self.embedding_dim,
-            "mask_zero": self.mask_zero,
-            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
-        })
+                       "sequence_axis": self.sequence_axis,
+                       "feature_axis": self.feature_axis})
         return config

@@ -50,18 +50,9 @@ class ScaledDotAttention(BaseAttention):
         check_last_dim("key", key_shape, query_shape[-1], "query")
 
     def attend(self, query, key, value, mask, training, need_weights=True):
-        return attn_ops.dot_product_attention(
-            query,
-            key,
-            value,
-            mask=mask,
-            scale=self.scale,
-            dropout_rate=self.dropout,
-            training=bool(training),
-            seed=self.seed_generator,
-            return_weights=need_weights,
-            zero_masked_inputs=False,
-        )
+        return attn_ops.attend(query, key, value, mask, scale=self.scale,
+                               dropout_rate=self.dropout if training else 0.0,
+                               seed=self.seed_generator, return_weights=need_weights)
 
     def compute_output_shape(self, query_shape, key_shape=None, value_shape=None):
         value_shape = (key_shape or query_shape) if value_shape is None else value_shape

@@ -16,6 +16,8 @@ from keras import ops
 from keras_attn import ops as attn_ops
 from keras_attn.layers.base import BaseAttention, check_positive_int, check_rate
 from keras_attn.layers.ffn import FFN
+from keras_attn.layers.initializers import sublayer_initializer
+from keras_attn.layers.quantization import QuantizedSublayers
 
 
 def window_partition(x, window_size: int):
@@ -63,7 +65,7 @@ def shifted_window_mask(height: int, width: int, window_size: int, shift_size: i
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class WindowAttention(BaseAttention):
+class WindowAttention(QuantizedSublayers, BaseAttention):
     """Multi-head self-attention inside one `M × M` window, with relative position bias.
 
     `softmax(Q Kᵀ / √d + B) V` per head, where `B[i, j] = table[index(i, j), head]` and the
@@ -145,13 +147,17 @@ class WindowAttention(BaseAttention):
                 f"None. Received: num_heads={self.num_heads}"
             )
         self.head_dim = self.key_dim or channels // self.num_heads
-        dense = {"use_bias": self.use_bias, "kernel_initializer": self.kernel_initializer,
-                 "dtype": self.dtype_policy}
         width = self.num_heads * self.head_dim
-        self.query_dense = keras.layers.Dense(width, name="query_dense", **dense)
-        self.key_dense = keras.layers.Dense(width, name="key_dense", **dense)
-        self.value_dense = keras.layers.Dense(width, name="value_dense", **dense)
-        self.output_dense = keras.layers.Dense(channels, name="output_dense", **dense)
+
+        def dense(units, name):  # each projection draws its own kernel
+            return keras.layers.Dense(
+                units, use_bias=self.use_bias, name=name, dtype=self.dtype_policy,
+                kernel_initializer=sublayer_initializer(self.kernel_initializer, name))
+
+        self.query_dense = dense(width, "query_dense")
+        self.key_dense = dense(width, "key_dense")
+        self.value_dense = dense(width, "value_dense")
+        self.output_dense = dense(channels, "output_dense")
         self.query_dense.build(query_shape)
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
@@ -187,6 +193,7 @@ class WindowAttention(BaseAttention):
 
     def get_config(self):
         config = super().get_config()
+        config["dtype"] = self.dtype_config()
         config.update(
             {
                 "num_heads": self.num_heads,
@@ -213,7 +220,7 @@ def _check_grid(name: str, shape, divisor: int, divisor_name: str) -> None:
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class SwinBlock(keras.layers.Layer):
+class SwinBlock(QuantizedSublayers, keras.layers.Layer):
     """One Swin Transformer block: (shifted) window attention and an MLP, pre-LN.
 
     `h = x + R⁻¹(WindowAttention(R(LayerNorm(x)), mask))`, `y = h + MLP(LayerNorm(h))`, where
@@ -317,8 +324,9 @@ class SwinBlock(keras.layers.Layer):
         if s:
             mask = ops.convert_to_tensor(shifted_window_mask(self.height, self.width, m, s))
             mask = ops.tile(mask, (ops.shape(inputs)[0], 1, 1))  # (B · nW, M², M²)
-        h, weights = self.attention(windows, attention_mask=mask, training=training,
-                                    return_attention_scores=True)
+        h = self.attention(windows, attention_mask=mask, training=training,
+                           return_attention_scores=return_attention_scores)
+        h, weights = h if return_attention_scores else (h, None)  # weights only when asked
         h = window_reverse(h, m, self.height, self.width)  # (B, H, W, C)
         if s:
             h = ops.roll(h, shift=(s, s), axis=(1, 2))
@@ -335,6 +343,7 @@ class SwinBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        config["dtype"] = self.dtype_config()
         config.update(
             {
                 "num_heads": self.num_heads,
@@ -350,7 +359,7 @@ class SwinBlock(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class PatchEmbedding(keras.layers.Layer):
+class PatchEmbedding(QuantizedSublayers, keras.layers.Layer):
     """Cuts an image into `p × p` patches and embeds each linearly: a grid of tokens.
 
     A `Conv2D` with kernel and stride `p` (one dense map per patch), then LayerNorm.
@@ -412,13 +421,14 @@ class PatchEmbedding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        config["dtype"] = self.dtype_config()
         config.update({"patch_size": self.patch_size, "embed_dim": self.embed_dim,
                        "use_norm": self.use_norm, "epsilon": self.epsilon})
         return config
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class PatchMerging(keras.layers.Layer):
+class PatchMerging(QuantizedSublayers, keras.layers.Layer):
     """Halves the grid: concatenates each 2 × 2 group of tokens, LayerNorm, linear map.
 
     The four tokens of a group are concatenated in the order (0, 0), (1, 0), (0, 1), (1, 1)
@@ -472,5 +482,6 @@ class PatchMerging(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        config["dtype"] = self.dtype_config()
         config.update({"output_dim": self.output_dim, "epsilon": self.epsilon})
         return config

@@ -9,228 +9,26 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn._checks import check_bool, check_number, check_one_of
-from keras_attn.layers.add_norm import NORMS, AddNorm, make_norm
-from keras_attn.layers.base import check_positive_int, check_rate
-from keras_attn.layers.dropout import Dropout
-from keras_attn.layers.ffn import FFN, GATED
-from keras_attn.layers.local_attention import LocalMultiHead
-from keras_attn.layers.multi_head import MultiHead
-from keras_attn.layers.position_bias import RelativePositionBias
-
-
-def _get_activation(activation):
-    """A Keras activation, or the name of a gated one (`"swiglu"`, `"geglu"`) as it is."""
-    if isinstance(activation, str) and activation in GATED:
-        return activation
-    try:
-        return keras.activations.get(activation)
-    except ValueError as error:
-        raise ValueError(
-            "Received an invalid value for argument `activation`. "
-            f"Received: activation={activation!r}"
-        ) from error
-
-
-def serialize_activation(activation):
-    """The config form of what `_get_activation` returns."""
-    return activation if isinstance(activation, str) else keras.activations.serialize(activation)
-
-
-def _head_dim(embed_dim: int, num_heads: int) -> int:
-    """`embed_dim // num_heads`, refusing to floor it silently."""
-    if embed_dim % num_heads:
-        raise ValueError(
-            f"Received an invalid value for argument `num_heads`, expected a divisor of the "
-            f"embedding size {embed_dim}. Received: num_heads={num_heads}"
-        )
-    return embed_dim // num_heads
-
-
-def _check_embedded_shape(name: str, shape) -> None:
-    if len(shape) != 3 or shape[-1] is None:
-        raise ValueError(
-            f"Argument `{name}` must have shape (batch_size, seq_len, embed_dim) with a known "
-            f"embed_dim. Received: {name}.shape={tuple(shape)}"
-        )
-
-
-class _TransformerBlock(keras.layers.Layer):
-    """What encoder and decoder blocks share: arguments, sublayer wiring, config."""
-
-    def __init__(
-        self,
-        num_heads: int,
-        ffn_dim: int,
-        dropout: float = 0.0,
-        norm_first: bool = False,
-        activation="relu",
-        epsilon: float = 1e-5,
-        kernel_initializer="glorot_uniform",
-        seed: int | None = None,
-        attention_window: int | None = None,
-        norm: str = "layer",
-        num_key_value_heads: int | None = None,
-        position_encoding: str | None = None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("ffn_dim", ffn_dim)
-        check_one_of("norm", norm, NORMS)
-        check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
-        if num_key_value_heads is not None and num_heads % num_key_value_heads:
-            raise ValueError(
-                "Received an invalid value for argument `num_key_value_heads`, expected a "
-                f"divisor of num_heads={num_heads}. Received: "
-                f"num_key_value_heads={num_key_value_heads}"
-            )
-        check_one_of("position_encoding", position_encoding, (None, "rope", "alibi",
-                                                              "relative"))
-        self.norm = norm
-        self.num_key_value_heads = num_key_value_heads
-        self.position_encoding = position_encoding
-        check_positive_int("attention_window", attention_window, allow_none=True)
-        self.attention_window = attention_window
-        check_rate("dropout", dropout)
-        check_bool("norm_first", norm_first)
-        self.num_heads = num_heads
-        self.ffn_dim = ffn_dim
-        self.dropout = dropout
-        self.norm_first = norm_first
-        check_number("epsilon", epsilon, 0, strict=True)
-        self.activation = _get_activation(activation)
-        self.epsilon = epsilon
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.seed = seed
-        self.supports_masking = True
-
-    def _attention(self, embed_dim: int, name: str, window: int | None = None,
-                   causal: bool | None = None) -> MultiHead:
-        """Full multi-head attention, or sliding-window attention over `window` neighbours;
-        self-attention (`causal` True or False) gets the block's position encoding."""
-        kwargs = {
-            "num_heads": self.num_heads,
-            "key_dim": _head_dim(embed_dim, self.num_heads),
-            "output_dim": embed_dim,
-            "dropout": self.dropout,
-            "kernel_initializer": self.kernel_initializer,
-            "seed": self.seed,
-            "num_key_value_heads": self.num_key_value_heads,
-            "name": name,
-            "dtype": self.dtype_policy,
-        }
-        if causal is not None and self.position_encoding is not None:
-            kwargs["position_encoding"] = self.position_encoding
-            if self.position_encoding == "relative":  # a causal query sees no later key
-                kwargs["position_encoding"] = RelativePositionBias(
-                    bidirectional=not causal, name="position_encoding", dtype=self.dtype_policy)
-        if window is not None:
-            return LocalMultiHead(window=window, **kwargs)
-        return MultiHead(**kwargs)
-
-    def _ffn(self, embed_dim: int, input_shape) -> FFN:
-        ffn = FFN(
-            hidden_dim=self.ffn_dim,
-            output_dim=embed_dim,
-            activation=self.activation,
-            dropout=self.dropout,
-            kernel_initializer=self.kernel_initializer,
-            seed=self.seed,
-            name="ffn",
-            dtype=self.dtype_policy,
-        )
-        ffn.build(input_shape)
-        return ffn
-
-    def _norm(self, name: str, input_shape):
-        """Post-LN: an `AddNorm` applied after the sublayer. Pre-LN: a `LayerNormalization`
-        applied before it (the residual add then uses `residual_dropout`)."""
-        if self.norm_first:
-            norm = make_norm(self.norm, self.epsilon, f"{name}_norm", self.dtype_policy)
-            norm.build(input_shape)
-        else:
-            norm = AddNorm(
-                dropout=self.dropout,
-                epsilon=self.epsilon,
-                seed=self.seed,
-                norm=self.norm,
-                name=f"{name}_add_norm",
-                dtype=self.dtype_policy,
-            )
-            norm.build(input_shape, input_shape)
-        return norm
-
-    def _build_residual_dropout(self) -> None:
-        self.residual_dropout = None
-        if self.norm_first:
-            self.residual_dropout = Dropout(
-                self.dropout, seed=self.seed, name="residual_dropout", dtype=self.dtype_policy
-            )
-
-    def _before(self, norm, x):
-        """The sublayer input: LayerNorm(x) in pre-LN, x in post-LN."""
-        return norm(x) if self.norm_first else x
-
-    def _after(self, norm, x, y, training):
-        """The residual: x + Dropout(y) in pre-LN, LayerNorm(x + Dropout(y)) in post-LN."""
-        if self.norm_first:
-            return x + self.residual_dropout(y, training=training)
-        return norm(x, y, training=training)
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "ffn_dim": self.ffn_dim,
-                "dropout": self.dropout,
-                "norm_first": self.norm_first,
-                "activation": serialize_activation(self.activation),
-                "epsilon": self.epsilon,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "seed": self.seed,
-                "attention_window": self.attention_window,
-                "norm": self.norm,
-                "num_key_value_heads": self.num_key_value_heads,
-                "position_encoding": self.position_encoding,
-            }
-        )
-        return config
+from keras_attn._checks import check_bool
+from keras_attn.layers.block_base import (
+    _check_embedded_shape,
+    _TransformerBlock,
+    document_block,
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
+@document_block(norm_first=False)
 class TransformerEncoderBlock(_TransformerBlock):
     """One Transformer encoder block: self-attention and a position-wise FFN.
 
     Post-LN (the paper, default): `h = LayerNorm(x + MultiHead(x))`,
     `y = LayerNorm(h + FFN(h))`. Pre-LN (`norm_first=True`): `h = x + MultiHead(LayerNorm(x))`,
-    `y = h + FFN(LayerNorm(h))`. Each head has size `embed_dim // num_heads`; `num_heads` must
-    divide the input size (checked at build).
+    `y = h + FFN(LayerNorm(h))`. Each head has size `embed_dim // num_heads` unless `head_dim`
+    is given; `num_heads` must then divide the input size (checked at build).
 
     Args:
-        num_heads: int, number of attention heads.
-        ffn_dim: int, hidden size of the feed-forward network.
-        dropout: float in [0, 1), dropout on the attention weights, the FFN hidden layer and
-            each residual branch. Defaults to `0.0`.
-        norm_first: bool, pre-LN instead of post-LN. Defaults to `False`.
-        activation: activation of the FFN hidden layer, or `"swiglu"` / `"geglu"` (a gated
-            FFN). Defaults to `"relu"`.
-        epsilon: float, the norms' epsilon. Defaults to `1e-5`.
-        kernel_initializer: initializer of every dense kernel. Defaults to `"glorot_uniform"`.
-        seed: optional int seed for the dropouts. Defaults to `None`.
-        norm: `"layer"` or `"rms"` (`keras.layers.RMSNormalization`). Defaults to `"layer"`.
-        num_key_value_heads: optional int, grouped-query self-attention (see `MultiHead`).
-            Defaults to `None`.
-        position_encoding: optional `"rope"`, `"alibi"` or `"relative"` for the
-            self-attention (see `MultiHead`; T5 buckets are one-directional when causal).
-            Defaults to `None`.
-        attention_window: optional int: self-attention sees only keys within this distance
-            (sliding-window `LocalMultiHead`, O(S·window) instead of O(S²)). Defaults to
-            `None` (full attention).
+{args}
 
     Call arguments:
         inputs: `(B, S, embed_dim)`.
@@ -238,10 +36,13 @@ class TransformerEncoderBlock(_TransformerBlock):
             implicit mask of `inputs`, if any. Padded positions are hidden as keys, and as
             queries they get a zero attention context.
         attention_mask: optional boolean `(B, S, S)`, True = attend.
+        return_attention_scores: bool, also return the self-attention weights (the dense
+            kernel forms them; otherwise they are never computed). Defaults to `False`.
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, S, embed_dim)`. The implicit mask of `inputs` passes through.
+        `(B, S, embed_dim)`; with `return_attention_scores=True` also the weights
+        `(B, num_heads, S, S)`. The implicit mask of `inputs` passes through.
 
     Example:
     >>> block = TransformerEncoderBlock(num_heads=2, ffn_dim=32)
@@ -256,28 +57,38 @@ class TransformerEncoderBlock(_TransformerBlock):
     def build(self, inputs_shape):
         _check_embedded_shape("inputs", inputs_shape)
         embed_dim = inputs_shape[-1]
-        self.self_attention = self._attention(embed_dim, "self_attention",
-                                              self.attention_window, causal=False)
-        self.self_attention.build(inputs_shape)
+        self.self_attention = self._attention(embed_dim, "self_attention", causal=False)
+        self._build_attention(self.self_attention, inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
         self.ffn = self._ffn(embed_dim, inputs_shape)
         self.ffn_norm = self._norm("ffn", inputs_shape)
         self._build_residual_dropout()
 
-    def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
+    def call(self, inputs, padding_mask=None, attention_mask=None,
+             return_attention_scores=False, training=None):
         if padding_mask is None:
             padding_mask = getattr(inputs, "_keras_mask", None)
         x = inputs  # (B, S, d)
         h = self._before(self.self_attention_norm, x)
         h = self.self_attention(
-            h, query_mask=padding_mask, attention_mask=attention_mask, training=training
-        )  # (B, S, d)
+            h, query_mask=padding_mask, attention_mask=attention_mask, training=training,
+            return_attention_scores=return_attention_scores,
+        )  # (B, S, d) [, (B, H, S, S)]
+        h, weights = h if return_attention_scores else (h, None)
         x = self._after(self.self_attention_norm, x, h, training)
-        h = self.ffn(self._before(self.ffn_norm, x), training=training)  # (B, S, d)
-        return self._after(self.ffn_norm, x, h, training)
+        outputs = self._ffn_sublayer(x, training)
+        return (outputs, weights) if return_attention_scores else outputs
+
+    def compute_output_spec(self, inputs, padding_mask=None, attention_mask=None,
+                            return_attention_scores=False, training=None):
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if return_attention_scores:
+            return outputs, self._weights_spec(inputs, inputs.shape[1])
+        return outputs
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
+@document_block(norm_first=False)
 class TransformerDecoderBlock(_TransformerBlock):
     """One Transformer decoder block: causal self-attention, cross-attention, FFN.
 
@@ -298,11 +109,13 @@ class TransformerDecoderBlock(_TransformerBlock):
     such a block has no incremental cache.
 
     Args:
-        As `TransformerEncoderBlock`; `attention_window`, `num_key_value_heads` and
-        `position_encoding` apply to the self-attention only (cross-attention stays
-        full, without positions).
+{args}
         causal: bool, causal self-attention (each position sees itself and earlier ones).
             Defaults to `True`.
+
+        `sliding_window` and `position_encoding` apply to the self-attention only; the
+        cross-attention takes the kernel (`"local"` becomes `"dense"` there), the heads and
+        `num_key_value_heads`.
 
     Call arguments:
         inputs: `(B, T, embed_dim)`, the embedded target.
@@ -317,8 +130,8 @@ class TransformerDecoderBlock(_TransformerBlock):
         self_attention_cache_update_index: int or scalar tensor, position of `inputs[:, 0]`.
         cross_attention_cache: optional `(key_cache, value_cache)`, each
             `(B, num_heads, S, head_dim)`.
-        return_attention_scores: bool, also return the cross-attention weights.
-            Defaults to `False`.
+        return_attention_scores: bool, also return the cross-attention weights (computed only
+            then). Defaults to `False`.
         training: bool, whether dropout is active.
 
     Returns:
@@ -343,12 +156,11 @@ class TransformerDecoderBlock(_TransformerBlock):
         encoder_outputs_shape = encoder_outputs_shape or inputs_shape
         _check_embedded_shape("encoder_outputs", encoder_outputs_shape)
         embed_dim = inputs_shape[-1]
-        self.self_attention = self._attention(embed_dim, "self_attention",
-                                              self.attention_window, causal=self.causal)
-        self.self_attention.build(inputs_shape)
+        self.self_attention = self._attention(embed_dim, "self_attention", causal=self.causal)
+        self._build_attention(self.self_attention, inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
         self.cross_attention = self._attention(embed_dim, "cross_attention")
-        self.cross_attention.build(inputs_shape, encoder_outputs_shape)
+        self._build_attention(self.cross_attention, inputs_shape, encoder_outputs_shape)
         self.cross_attention_norm = self._norm("cross_attention", inputs_shape)
         self.ffn = self._ffn(embed_dim, inputs_shape)
         self.ffn_norm = self._norm("ffn", inputs_shape)
@@ -416,24 +228,22 @@ class TransformerDecoderBlock(_TransformerBlock):
             )  # (B, T, d), 2 x (B, H, max_length, d_h)
         x = self._after(self.self_attention_norm, x, h, training)
 
-        # Cross-attention to the encoder, source padding hidden.
+        # Cross-attention to the encoder, source padding hidden; weights only when asked.
         h = self._before(self.cross_attention_norm, x)
-        h, *rest = self.cross_attention(
+        h = self.cross_attention(
             h,
             encoder_outputs if cross_attention_cache is None else None,
             query_mask=decoder_padding_mask,
             key_mask=encoder_padding_mask,
-            return_attention_scores=True,
+            return_attention_scores=return_attention_scores,
             training=training,
             cache=cross_attention_cache,
-        )  # (B, T, d), [cache,] (B, H, T, S)
-        weights = rest[-1]
-        x = self._after(self.cross_attention_norm, x, h, training)
+        )  # (B, T, d) [, cache] [, (B, H, T, S)]
+        h = h if isinstance(h, tuple) else (h,)
+        weights = h[-1] if return_attention_scores else None
+        x = self._after(self.cross_attention_norm, x, h[0], training)
 
-        # Position-wise feed-forward network.
-        h = self.ffn(self._before(self.ffn_norm, x), training=training)  # (B, T, d)
-        outputs = self._after(self.ffn_norm, x, h, training)
-
+        outputs = self._ffn_sublayer(x, training)  # (B, T, d)
         results = (outputs,)
         if self_attention_cache is not None:
             results += (self_attention_cache,)
@@ -441,8 +251,19 @@ class TransformerDecoderBlock(_TransformerBlock):
             results += (weights,)
         return results[0] if len(results) == 1 else results
 
-    def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
-        return tuple(inputs_shape)
+    def compute_output_spec(self, inputs, encoder_outputs=None, decoder_padding_mask=None,
+                            encoder_padding_mask=None, self_attention_cache=None,
+                            self_attention_cache_update_index=None, cross_attention_cache=None,
+                            return_attention_scores=False, training=None):
+        results = (keras.KerasTensor(inputs.shape, dtype=self.compute_dtype),)
+        if self_attention_cache is not None:
+            results += (tuple(keras.KerasTensor(c.shape, dtype=c.dtype)
+                              for c in self_attention_cache),)
+        if return_attention_scores:
+            source = (encoder_outputs.shape[1] if encoder_outputs is not None
+                      else cross_attention_cache[0].shape[2])
+            results += (self._weights_spec(inputs, source),)
+        return results[0] if len(results) == 1 else results
 
     def get_config(self):
         config = super().get_config()

@@ -1,18 +1,41 @@
-"""Functional-API model builders.
+"""The model stacks and the functional-API model builders.
+
+One assembly (`keras_attn.models.assembly`): token embedding with positions -> blocks -> output
+head, shared by the encoder-decoder (`TransformerEncoder`, `TransformerDecoder`), decoder-only
+(`TransformerDecoderOnly`) and conditional masked-LM (`CMLMDecoder`) stacks; the Bahdanau GRU
+stacks (`BahdanauEncoder`, `BahdanauDecoder`). The decoders keep the decoding contract of
+`keras_attn.decoding.contract.Decoder`.
 
 Every seq2seq builder returns `keras.Model([source_ids, target_in_ids], logits)` with layers
-named "encoder" and "decoder" that follow the decoding contract of `keras_attn.decoding`;
-`causal_lm` returns `keras.Model(token_ids, logits)` with a "decoder" that `generate` decodes;
-the non-autoregressive `nat_seq2seq` returns `keras.Model([source_ids, masked_target_ids],
-[token_logits, length_logits])`, which `keras_attn.decoding.mask_predict` decodes.
+named "encoder" and "decoder"; `causal_lm` returns `keras.Model(token_ids, logits)` with a
+"decoder" that `generate` decodes; the non-autoregressive `nat_seq2seq` returns
+`keras.Model([source_ids, masked_target_ids], [token_logits, length_logits])`, which
+`keras_attn.decoding.mask_predict` decodes.
 """
 
-from keras_attn.models.bahdanau import bahdanau_seq2seq
+from keras_attn.models.bahdanau import (
+    BahdanauDecoder,
+    BahdanauEncoder,
+    bahdanau_seq2seq,
+)
 from keras_attn.models.causal_lm import causal_lm
+from keras_attn.models.cmlm import CMLMDecoder, LengthPredictor
+from keras_attn.models.decoder_only import TransformerDecoderOnly
 from keras_attn.models.nat import compile_cmlm, nat_seq2seq
-from keras_attn.models.transformer import transformer_seq2seq
+from keras_attn.models.transformer import (
+    TransformerDecoder,
+    TransformerEncoder,
+    transformer_seq2seq,
+)
 
 __all__ = [
+    "BahdanauDecoder",
+    "BahdanauEncoder",
+    "CMLMDecoder",
+    "LengthPredictor",
+    "TransformerDecoder",
+    "TransformerDecoderOnly",
+    "TransformerEncoder",
     "bahdanau_seq2seq",
     "causal_lm",
     "compile_cmlm",

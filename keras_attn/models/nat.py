@@ -16,9 +16,8 @@ from __future__ import annotations
 import keras
 
 from keras_attn._checks import check_number, check_positive_int
-from keras_attn.layers.cmlm import CMLMDecoder, LengthPredictor
-from keras_attn.layers.transformer import TransformerEncoder
-from keras_attn.tokens import PAD_ID
+from keras_attn.models.cmlm import CMLMDecoder, LengthPredictor
+from keras_attn.models.transformer import TransformerEncoder
 
 
 def nat_seq2seq(
@@ -31,6 +30,9 @@ def nat_seq2seq(
     dropout: float = 0.1,
     max_target_length: int | None = None,
     norm_first: bool = False,
+    implementation: str = "dense",
+    chunk_size: int | None = None,
+    sliding_window: int | None = None,
     name: str = "nat_seq2seq",
 ) -> keras.Model:
     """A conditional masked language model (Mask-Predict's CMLM) as a functional `keras.Model`.
@@ -58,6 +60,11 @@ def nat_seq2seq(
         max_target_length: int, required: the most target tokens (e.g.
             `TranslationData.target_length`); length classes are `0..max_target_length`.
         norm_first: bool, pre-LN blocks instead of post-LN. Defaults to `False`.
+        implementation: the attention kernel, `"dense"`, `"chunked"` (needs `dropout=0`) or
+            `"local"` (with `sliding_window`). Defaults to `"dense"`.
+        chunk_size: optional int, keys per block of the chunked kernel. Defaults to `None`.
+        sliding_window: optional int, self-attention sees the keys at distance
+            `< sliding_window`. Defaults to `None`.
         name: str, the model name. Defaults to `"nat_seq2seq"`.
 
     Returns:
@@ -85,6 +92,9 @@ def nat_seq2seq(
         "ffn_dim": ffn_dim,
         "dropout": dropout,
         "norm_first": norm_first,
+        "implementation": implementation,
+        "chunk_size": chunk_size,
+        "sliding_window": sliding_window,
     }
     encoder = TransformerEncoder(source_vocab_size, **stack_kwargs, name="encoder")
     decoder = CMLMDecoder(target_vocab_size, **stack_kwargs, name="decoder")
@@ -92,7 +102,7 @@ def nat_seq2seq(
     source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
     masked_target_ids = keras.Input(shape=(None,), dtype="int32", name="masked_target_ids")
     encoder_outputs = encoder(source_ids)  # (B, S, d)
-    source_mask = keras.ops.not_equal(source_ids, PAD_ID)  # (B, S)
+    source_mask = encoder.padding_mask(source_ids)  # (B, S)
     token_logits = decoder(masked_target_ids, encoder_outputs,
                            encoder_padding_mask=source_mask)  # (B, T, V)
     length_logits = length_predictor(encoder_outputs, source_mask)  # (B, max_length + 1)

@@ -5,21 +5,26 @@
 - `softmax`, `dropout`: float32 masked softmax, 16-bit dropout masks;
 - `heads`: splitting projections into heads and merging them back;
 - `position`: rotary embeddings, and position biases (ALiBi, T5 buckets) computed per tile;
-- `attention`: `dot_product_attention`, the one dispatch over the kernels in `kernels/`
-  (dense with a fused backward, blockwise, local, and the linear kernel beside them).
+- `dispatch`: `attend`, the seam between projected heads and the kernels in `kernels/` (dense
+  with a fused backward, blockwise, local, linear): grouped-query heads, the kernel choice and
+  its fallback (`kernel_for`);
+- `attention`: `dot_product_attention`, the same computation as a checked op that zeroes what
+  its mask hides;
+- `axes`: attention over any axes of inputs of any rank, folded into `(batch, length, dim)`.
 
 Every mask is boolean with **True = attend**. A query row with nothing to attend to gets
 all-zero weights and a zero output: never NaN, never uniform attention over padding. Scores and
 softmax run in float32 whatever the input dtype.
 """
 
-from keras_attn.ops.attention import IMPLEMENTATIONS, dot_product_attention
+from keras_attn.ops.attention import dot_product_attention
 from keras_attn.ops.dense_masks import (
     causal_mask,
     local_attention_mask,
     merge_masks,
     valid_lens_mask,
 )
+from keras_attn.ops.dispatch import IMPLEMENTATIONS, attend, kernel_for
 from keras_attn.ops.dropout import dropout
 from keras_attn.ops.heads import merge_heads, split_heads
 from keras_attn.ops.kernels.linear import (
@@ -35,6 +40,7 @@ from keras_attn.ops.position import (
     RelativePositionBias,
     alibi_slopes,
     relative_position_bucket,
+    rope_inverse_frequencies,
     rotary_embedding,
 )
 from keras_attn.ops.softmax import masked_softmax
@@ -46,10 +52,12 @@ __all__ = [
     "PositionBias",
     "RelativePositionBias",
     "alibi_slopes",
+    "attend",
     "causal_mask",
     "dot_product_attention",
     "dropout",
     "elu_feature_map",
+    "kernel_for",
     "linear_attention",
     "linear_attention_weights",
     "local_attention_mask",
@@ -58,6 +66,7 @@ __all__ = [
     "merge_heads",
     "merge_masks",
     "relative_position_bucket",
+    "rope_inverse_frequencies",
     "rotary_embedding",
     "sequence_mask",
     "split_heads",

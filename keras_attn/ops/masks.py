@@ -397,6 +397,25 @@ class AttentionMask:
             )
         return self.key_visible()
 
+    def hide_inputs(self, query, key=None, value=None):
+        """`(query, key, value)` with zeros where the mask hides them everywhere: padded
+        queries (`query_valid`) and keys no query may see (`key_visible`), so that a
+        non-finite number there reaches neither outputs nor gradients. Tensors are
+        `(B, ..., L, d)`; None stays None.
+
+        Called once per call, where the tensors come in: an attention layer on its inputs
+        before projecting them (so weight gradients stay finite too), the op
+        `dot_product_attention` on its arguments.
+        """
+        if self.query_valid is not None:
+            query = hide_positions(query, self.query_valid)
+        visible = self.key_visible()
+        if visible is not None:
+            same = value is key
+            key = None if key is None else hide_positions(key, visible)
+            value = key if same else (None if value is None else hide_positions(value, visible))
+        return query, key, value
+
     def append_keys(self, count: int) -> AttentionMask:
         """The same mask over `count` more keys at the end, visible to every query (torch's
         `add_bias_kv` / `add_zero_attn`). The structured parts become one dense block."""
@@ -427,3 +446,11 @@ def _slice(x, axis: int, start, size, full):
     shape = list(ops.shape(x))
     shape[axis] = size
     return ops.slice(x, starts, shape)
+
+
+def hide_positions(x, valid):
+    """`x` `(B, ..., L, d)` with zeros where `valid` `(B, L)` is False."""
+    valid = ops.expand_dims(ops.cast(valid, "bool"), -1)  # (B, L, 1)
+    while len(valid.shape) < len(x.shape):
+        valid = ops.expand_dims(valid, 1)  # (B, 1.., L, 1)
+    return ops.where(valid, x, ops.zeros_like(x))

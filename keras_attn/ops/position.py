@@ -11,52 +11,103 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from keras import ops
 
 from keras_attn._checks import check_bool, check_int, check_number
 
 
+def rope_inverse_frequencies(depth: int, max_wavelength: float = 10000.0,
+                             scaling_factor: float = 1.0):
+    """RoPE's float32 inverse frequencies `(d/2,)`: `max_wavelength^(-2i/d) / scaling_factor`
+    (linear position interpolation when `scaling_factor > 1`)."""
+    exponents = ops.arange(0, depth, 2, dtype="float32") / float(depth)  # (d/2,)
+    return ops.power(float(max_wavelength), -exponents) / float(scaling_factor)
+
+
+def _axis(name: str, axis, rank: int) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not (
+            -rank <= axis < rank):
+        raise ValueError(
+            f"Received an invalid value for argument `{name}`, expected an axis of the rank-"
+            f"{rank} input, in [{-rank}, {rank - 1}]. Received: {name}={axis!r}"
+        )
+    return int(axis) % rank
+
+
 def rotary_embedding(x, start_index=0, max_wavelength: float = 10000.0,
-                     scaling_factor: float = 1.0, sequence_axis: int = -2):
+                     scaling_factor: float = 1.0, sequence_axis: int = -2, *, positions=None,
+                     feature_axis: int = -1, inverse_frequencies=None):
     """Rotate pairs of features by angles growing with the position (Su et al., 2021).
 
     "Rotate half" layout, as `keras_hub.layers.RotaryEmbedding`: feature `i` of the first half
-    pairs with feature `i + d/2`, both rotated by `θᵢ = position · max_wavelength^(-2i/d) /
-    scaling_factor`. Computed in float32, cast back.
+    pairs with feature `i + d/2`, both rotated by `θᵢ = position · f_i` with the inverse
+    frequencies `f_i = max_wavelength^(-2i/d) / scaling_factor`. Computed in float32, cast
+    back.
 
     Args:
-        x: `(..., T, ..., d)` with an even `d` (the last axis).
-        start_index: int or scalar tensor, the position of the first element along
-            `sequence_axis` (a decoding cache's index). Defaults to `0`.
+        x: a tensor with a sequence axis and an even feature axis `d`, e.g. `(B, T, d)` or
+            `(B, H, T, d)`.
+        start_index: int or scalar tensor (any integer dtype), the position of the first
+            element along `sequence_axis` (a decoding cache's index). Defaults to `0`.
         max_wavelength: float, the base of the angles. Defaults to `10000`.
         scaling_factor: float >= 1, divides every angle (linear position interpolation).
             Defaults to `1.0`.
         sequence_axis: int, the axis of positions. Defaults to `-2`.
+        positions: optional `(T,)` or per-batch `(B, T)` positions (any real dtype) replacing
+            `start_index + arange(T)`; with `(B, T)` the batch is axis 0. Defaults to `None`.
+        feature_axis: int, the axis of the rotated features. Defaults to `-1`.
+        inverse_frequencies: optional float `(d/2,)` tensor replacing the frequencies above
+            (other scalings of RoPE). Defaults to `None`.
 
     Returns:
         Tensor of the shape and dtype of `x`.
     """
-    depth = x.shape[-1]
+    rank = len(x.shape)
+    seq_axis = _axis("sequence_axis", sequence_axis, rank)
+    feat_axis = _axis("feature_axis", feature_axis, rank)
+    if seq_axis == feat_axis:
+        raise ValueError(
+            "Arguments `sequence_axis` and `feature_axis` must name different axes. Received: "
+            f"sequence_axis={sequence_axis}, feature_axis={feature_axis}"
+        )
+    depth = x.shape[feat_axis]
     if depth is None or depth % 2:
         raise ValueError(
-            "Rotary embeddings need an even number of features (the last axis). Received: "
-            f"x.shape={tuple(x.shape)}"
+            "Rotary embeddings need an even number of features (the feature axis). Received: "
+            f"x.shape={tuple(x.shape)}, feature_axis={feature_axis}"
         )
-    rank = len(x.shape)
-    axis = sequence_axis % rank
-    length = ops.shape(x)[axis]
-    half = depth // 2
-    inverse = ops.power(float(max_wavelength), -ops.arange(0, depth, 2, dtype="float32")
-                        / float(depth)) / float(scaling_factor)  # (d/2,)
-    positions = ops.cast(ops.arange(length) + start_index, "float32")  # (T,)
-    angles = positions[:, None] * inverse[None, :]  # (T, d/2)
+    length = ops.shape(x)[seq_axis]
+    if positions is None:
+        positions = ops.arange(length, dtype="float32") + ops.cast(start_index, "float32")
+    else:
+        if not (isinstance(start_index, (int, np.integer)) and start_index == 0):
+            raise ValueError(
+                "Arguments `positions` and `start_index` both place the sequence; give one. "
+                f"Received: start_index={start_index!r}"
+            )
+        positions = ops.cast(positions, "float32")
+        if len(positions.shape) not in (1, 2) or (len(positions.shape) == 2 and 0 in (
+                seq_axis, feat_axis)):
+            raise ValueError(
+                "Argument `positions` must have shape (sequence_length,) or (batch_size, "
+                "sequence_length), the batch on axis 0. Received: "
+                f"positions.shape={tuple(positions.shape)}"
+            )
+    inverse = (rope_inverse_frequencies(depth, max_wavelength, scaling_factor)
+               if inverse_frequencies is None else ops.cast(inverse_frequencies, "float32"))
+    angles = ops.expand_dims(positions, -1) * inverse  # (B | ., T, d/2)
+    if seq_axis > feat_axis:
+        angles = ops.swapaxes(angles, -1, -2)  # (B | ., d/2, T)
     shape = [1] * rank
-    shape[axis], shape[-1] = -1, half
-    cos = ops.reshape(ops.cos(angles), shape)
+    shape[seq_axis], shape[feat_axis] = -1, depth // 2
+    if len(positions.shape) == 2:
+        shape[0], shape[seq_axis] = -1, length
+    cos = ops.reshape(ops.cos(angles), shape)  # broadcastable to x's half
     sin = ops.reshape(ops.sin(angles), shape)
-    values = ops.cast(x, "float32")
-    first, second = values[..., :half], values[..., half:]
-    rotated = ops.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    first, second = ops.split(ops.cast(x, "float32"), 2, axis=feat_axis)
+    rotated = ops.concatenate([first * cos - second * sin, second * cos + first * sin],
+                              axis=feat_axis)
     return ops.cast(rotated, x.dtype)
 
 
@@ -85,7 +136,8 @@ class PositionBias:
         return ()
 
     def dense(self, query_len, key_len, offset=0):
-        """The whole `(H, T, S)` bias, query `i` at position `i + offset`."""
+        """The whole `(H, T, S)` bias, query `i` at position `i + offset` (any integer)."""
+        offset = offset if isinstance(offset, int) else ops.cast(offset, "int32")
         query_pos = ops.expand_dims(ops.arange(query_len, dtype="int32") + offset, -1)
         key_pos = ops.expand_dims(ops.arange(key_len, dtype="int32"), 0)
         return self.tile(query_pos, key_pos)

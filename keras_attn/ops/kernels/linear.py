@@ -4,8 +4,8 @@ With a positive feature map φ, attention becomes `φ(Q) (φ(K)ᵀ V) / (φ(Q) �
 `(d, dv)` summary `φ(K)ᵀ V` is computed once, so no `(T, S)` matrix is ever formed. The causal
 form uses prefix sums of `φ(kⱼ) vⱼᵀ`; to keep memory at O(n·d) rather than the O(n·d²) of a
 cumulative sum per position, the prefix sums run over chunks of `chunk_size` positions, and
-inside a chunk the (small) masked quadratic form is used. This is not softmax attention, so it
-is a kernel of its own rather than an implementation of `dot_product_attention`.
+inside a chunk the (small) masked quadratic form is used. This is not softmax attention (no
+scale, bias or dropout); the dispatch runs it as `implementation="linear"`.
 """
 
 from __future__ import annotations

@@ -8,44 +8,40 @@ Models", https://arxiv.org/abs/1904.09324. The model builder is
 
 from __future__ import annotations
 
+import math
+
 import keras
 from keras import ops
 
 from keras_attn._checks import check_positive_int
-from keras_attn.layers.transformer import _TransformerStack
+from keras_attn.layers.embedding import TokenEmbedding
+from keras_attn.layers.initializers import sublayer_initializer
+from keras_attn.layers.quantization import QuantizedSublayers
 from keras_attn.layers.transformer_blocks import TransformerDecoderBlock
-from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID, mask_id
+from keras_attn.models.assembly import _Stack, document_stack, embeddings_initializer
+from keras_attn.tokens import BOS_ID, EOS_ID, mask_id
 
 # Logit of the ids a masked-LM decoder never emits: finite, so a loss stays finite.
 _NEVER = -1e9
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class CMLMDecoder(_TransformerStack):
+@document_stack()
+class CMLMDecoder(_Stack):
     """The decoder of a conditional masked language model: no causal mask, one parallel pass.
 
     The target ids are words, `<mask>` (id `mask_id(vocab_size) = vocab_size`, outside the
-    vocabulary) and padding (0). Every non-padding position attends to every other one
+    vocabulary) and padding (`pad_id`). Every non-padding position attends to every other one
     (bidirectional self-attention) and to the encoder (cross-attention, source padding
     hidden); the logits predict the word at every position. Padding, `<bos>` and `<eos>` get
-    the logit -1e9, and `<mask>` has no logit column, so the decoder never emits them.
+    the logit -1e9, and `<mask>` has no logit column, so the decoder never emits them. The
+    embedding has `vocab_size + 1` rows, the last one for `<mask>`.
 
     Args:
-        vocab_size: int, number of target ids (reserved ones included): the logits' size. The
-            embedding has `vocab_size + 1` rows, the last one for `<mask>`.
-        num_layers: int, number of `TransformerDecoderBlock(causal=False)`s.
-        embed_dim: int, model size `d`.
-        num_heads: int, attention heads per block; must divide `embed_dim`.
-        ffn_dim: int, hidden size of each block's FFN.
-        dropout: float in [0, 1). Defaults to `0.0`.
-        norm_first: bool, pre-LN blocks (and a final LayerNorm). Defaults to `False`.
-        activation: FFN activation. Defaults to `"relu"`.
-        kernel_initializer: initializer of the block kernels. Defaults to `"glorot_uniform"`.
-        seed: optional int seed for the dropouts. Defaults to `None`.
-        attention_window: optional int, sliding-window self-attention. Defaults to `None`.
+{args}
 
     Call arguments:
-        inputs: integer ids `(B, T)`: words, `<mask>`, 0 = padding.
+        inputs: integer ids `(B, T)`: words, `<mask>`, padding.
         encoder_outputs: `(B, S, encoder_dim)`.
         encoder_padding_mask: optional boolean `(B, S)`, True at real source tokens. Defaults
             to the implicit mask of `encoder_outputs`.
@@ -63,43 +59,48 @@ class CMLMDecoder(_TransformerStack):
         Ghazvininejad et al., 2019, "Mask-Predict", https://arxiv.org/abs/1904.09324
     """
 
+    block_class = TransformerDecoderBlock
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._assemble()
+
     @property
     def mask_id(self) -> int:
         """The `<mask>` id, `vocab_size`."""
         return mask_id(self.vocab_size)
 
-    def build(self, inputs_shape, encoder_outputs_shape=None):
-        self._check_ids_shape("inputs", inputs_shape)
-        embedded_shape = tuple(inputs_shape) + (self.embed_dim,)
-        encoder_outputs_shape = encoder_outputs_shape or embedded_shape
-        self._build_embedding(inputs_shape, input_dim=mask_id(self.vocab_size) + 1)  # + <mask>
-        self.blocks = []
-        for i in range(self.num_layers):
-            block = TransformerDecoderBlock(**self._block_kwargs(), causal=False,
-                                            name=f"block_{i}")
-            block.build(embedded_shape, encoder_outputs_shape)
-            self.blocks.append(block)
-        self.output_dense = keras.layers.Dense(
-            self.vocab_size, kernel_initializer=self.kernel_initializer, name="output_dense",
-            dtype=self.dtype_policy,
-        )
-        self.output_dense.build(embedded_shape)
+    def _embedding(self) -> TokenEmbedding:
+        return TokenEmbedding(
+            self.mask_id + 1, self.embed_dim, position="sinusoidal",
+            scale=math.sqrt(self.embed_dim), dropout=self.dropout, seed=self.seed,
+            embeddings_initializer=sublayer_initializer(
+                embeddings_initializer(self.kernel_initializer), "embedding"),
+            name="embedding", dtype=self.dtype_policy)
+
+    def _block_kwargs(self, name: str) -> dict:
+        return dict(super()._block_kwargs(name), causal=False)
+
+    def build(self, inputs_shape, encoder_outputs_shape=None, *args):
+        encoder_outputs_shape = encoder_outputs_shape or tuple(inputs_shape) + (self.embed_dim,)
+        self._build_parts(inputs_shape, encoder_outputs_shape)
 
     def call(self, inputs, encoder_outputs, encoder_padding_mask=None, training=None):
         if encoder_padding_mask is None:
             encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
-        padding_mask = ops.not_equal(inputs, PAD_ID)  # (B, T)
-        x = self._embed(inputs, training=training)  # (B, T, d)
+        padding_mask = self.padding_mask(inputs)  # (B, T)
+        x = self.embedding(inputs, training=training)  # (B, T, d)
         for block in self.blocks:
             x = block(x, encoder_outputs, decoder_padding_mask=padding_mask,
                       encoder_padding_mask=encoder_padding_mask, training=training)
-        logits = ops.cast(self.output_dense(self._finish(x)), "float32")  # (B, T, V)
+        logits = self._logits(x)  # (B, T, V)
         ids = ops.arange(self.vocab_size, dtype="int32")  # (V,)
-        never = ops.logical_or(ops.equal(ids, PAD_ID),
-                               ops.logical_or(ops.equal(ids, BOS_ID), ops.equal(ids, EOS_ID)))
+        never = ops.logical_or(ops.equal(ids, BOS_ID), ops.equal(ids, EOS_ID))
+        if self.pad_id is not None:
+            never = ops.logical_or(never, ops.equal(ids, self.pad_id))
         return ops.where(never, _NEVER, logits)  # (B, T, V)
 
-    def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
+    def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None, *args):
         return tuple(inputs_shape) + (self.vocab_size,)
 
     def compute_output_spec(self, inputs, encoder_outputs, encoder_padding_mask=None,
@@ -108,7 +109,7 @@ class CMLMDecoder(_TransformerStack):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class LengthPredictor(keras.layers.Layer):
+class LengthPredictor(QuantizedSublayers, keras.layers.Layer):
     """Target-length classifier: the mean of the encoder states over the real source tokens,
     then a linear layer over the lengths `0..max_length`.
 
@@ -116,6 +117,7 @@ class LengthPredictor(keras.layers.Layer):
 
     Args:
         max_length: int, the longest target length; the logits have `max_length + 1` classes.
+        kernel_initializer: initializer of the kernel. Defaults to `"glorot_uniform"`.
 
     Call arguments:
         encoder_outputs: `(B, S, d)`.
@@ -130,15 +132,17 @@ class LengthPredictor(keras.layers.Layer):
     (2, 11)
     """
 
-    def __init__(self, max_length: int, **kwargs):
+    def __init__(self, max_length: int, kernel_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         check_positive_int("max_length", max_length)
         self.max_length = max_length
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
 
     def build(self, encoder_outputs_shape, padding_mask_shape=None):
-        self.dense = keras.layers.Dense(self.max_length + 1, name="dense",
-                                        dtype=self.dtype_policy)
+        self.dense = keras.layers.Dense(
+            self.max_length + 1, name="dense", dtype=self.dtype_policy,
+            kernel_initializer=sublayer_initializer(self.kernel_initializer, "dense"))
         self.dense.build((encoder_outputs_shape[0], encoder_outputs_shape[-1]))
 
     def call(self, encoder_outputs, padding_mask=None):
@@ -167,4 +171,6 @@ class LengthPredictor(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config["max_length"] = self.max_length
+        config["kernel_initializer"] = keras.initializers.serialize(self.kernel_initializer)
+        config["dtype"] = self.dtype_config()
         return config

@@ -1,0 +1,92 @@
+"""A causal language model's training step against keras-hub's GPT2CausalLM of the same shape.
+
+One `train_on_batch` (forward, loss, backward, Adam update) of `keras_attn.models.causal_lm`
+built GPT-2-style (learned positions, LayerNorm, tanh GELU, tied embeddings, pre-norm, biases)
+and of `keras_hub.models.GPT2CausalLM` (backbone of the same sizes, no preprocessor), both with
+sparse cross-entropy on the logits, `jit_compile=False` (Keras' default on CPU; `--jit` for
+XLA), timed in alternating rounds in one process (`_common.time_alternating`). The table gives
+the median step time of each and their ratio (keras_attn / keras-hub: below 1 is faster).
+
+    python benchmarks/lm_training_speed.py
+    python benchmarks/lm_training_speed.py --lengths 128 1024 --rounds 15 --implementation chunked
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import header, median, time_alternating
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 1024])
+    parser.add_argument("--tokens", type=int, default=2048,
+                        help="tokens per batch: batch size = max(1, tokens // length)")
+    parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn-dim", type=int, default=512)
+    parser.add_argument("--implementation", default="dense", choices=["dense", "chunked"])
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--jit", action="store_true", help="compile both steps with XLA")
+    return parser.parse_args(argv)
+
+
+def models(length: int, args):
+    """`{name: (model, inputs)}` of both contenders, compiled."""
+    import keras
+    import keras_hub
+
+    from keras_attn.models import causal_lm
+
+    ours = causal_lm(args.vocab_size, args.num_layers, args.dim, args.heads, args.ffn_dim,
+                     position_encoding="learned", max_length=length, norm="layer",
+                     activation="gelu_tanh", tie_embeddings=True,
+                     implementation=args.implementation)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=args.vocab_size, num_layers=args.num_layers, num_heads=args.heads,
+        hidden_dim=args.dim, intermediate_dim=args.ffn_dim, dropout=0.0,
+        max_sequence_length=length)
+    hub = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    for model in (ours, hub):
+        model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=args.jit)
+    return ours, hub
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    import numpy as np
+
+    header("causal_lm training step vs keras-hub GPT2CausalLM (same shape)")
+    print(f"{args.num_layers} layers, d {args.dim}, {args.heads} heads, FFN {args.ffn_dim}, "
+          f"vocab {args.vocab_size}, float32, {args.tokens} tokens per batch, "
+          f"implementation={args.implementation}, jit_compile={args.jit}; median of "
+          f"{args.rounds} alternating rounds after one warm-up step")
+    print("| T | batch | keras_attn ms | keras-hub ms | ratio |")
+    print("|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for length in args.lengths:
+        batch = max(1, args.tokens // length)
+        ids = rng.integers(1, args.vocab_size, (batch, length + 1)).astype("int32")
+        x, y = ids[:, :-1], ids[:, 1:]
+        ours, hub = models(length, args)
+        hub_x = {"token_ids": x, "padding_mask": np.ones_like(x, dtype="bool")}
+        times = time_alternating({
+            "keras_attn": lambda ours=ours, x=x, y=y: ours.train_on_batch(x, y),
+            "keras_hub": lambda hub=hub, x=hub_x, y=y: hub.train_on_batch(x, y),
+        }, rounds=args.rounds, warmup=2)
+        a, b = median(times["keras_attn"]), median(times["keras_hub"])
+        print(f"| {length} | {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

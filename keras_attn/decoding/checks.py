@@ -1,0 +1,221 @@
+"""What the decoding functions are given, checked: settings and token ids, never clamped or
+silently replaced.
+
+- A value known now (a Python or NumPy number or array, an eager tensor of any backend) is
+  checked in Python: a `ValueError` naming the argument, before anything is compiled.
+- A tensor whose value is not known yet (a `tf.function` or SavedModel signature being traced,
+  a JAX tracer under the caller's own `jax.jit`) is checked by the program itself, with the same
+  message: on TensorFlow a `tf.debugging.Assert` (the call fails with
+  `tf.errors.InvalidArgumentError`), on JAX a host callback that raises (the call fails with
+  `JaxRuntimeError`). torch runs eagerly: its values are always known.
+
+TensorFlow's XLA does not compile assertions: under the caller's own `jit_compile=True`
+function, check the values before (an eager call of a decoding function always does, and
+`jit_compile=True` of the decoding functions compiles after the checks).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn._checks import concrete_value
+
+INT32_MAX = 2**31 - 1
+
+
+def _message(name: str, expected: str) -> str:
+    return f"Received an invalid value for argument `{name}`, expected {expected}. Received: "
+
+
+def _raise_unless(message: str, ok, *data) -> None:
+    if not bool(np.all(np.asarray(ok))):
+        shown = " ".join(str(np.asarray(d).tolist()) for d in data)
+        raise ValueError(message + shown)
+
+
+def _in_graph(ok, message: str, data: tuple, values: tuple) -> tuple:
+    """`values`, computed only once the boolean scalar tensor `ok` holds; the program fails with
+    `message` and `data` where it does not (module docstring)."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        check = tf.debugging.Assert(ok, [message, *data], summarize=64)
+        with tf.control_dependencies([check]):
+            return tuple(tf.identity(v) for v in values)
+    if backend == "jax":
+        import jax
+
+        jax.debug.callback(functools.partial(_raise_unless, message), ok, *data)
+        return values
+    # torch runs eagerly: a value that is not known here cannot occur.
+    _raise_unless(message, concrete_value(ok), *(concrete_value(d) for d in data))
+    return values
+
+
+# name: (what is expected, integer setting?, the condition on the value (NumPy or tensor)).
+SETTINGS = {
+    "max_new_tokens": ("a positive integer", True, lambda v: v >= 1),
+    "temperature": ("a finite number >= 0", False, lambda v: (v >= 0) & (v < np.inf)),
+    "top_k": ("a non-negative integer", True, lambda v: v >= 0),
+    "top_p": ("a number in (0, 1]", False, lambda v: (v > 0) & (v <= 1)),
+    "seed": (f"an integer in [0, {INT32_MAX}]", True, lambda v: (v >= 0) & (v <= INT32_MAX)),
+}
+
+
+def _kind(value) -> str:
+    """"int", "float", "bool" or another dtype name, for a number, array or tensor."""
+    dtype = getattr(value, "dtype", None)
+    dtype = keras.backend.standardize_dtype(np.asarray(value).dtype if dtype is None else dtype)
+    return "bool" if dtype == "bool" else "int" if "int" in dtype else (
+        "float" if "float" in dtype else dtype)
+
+
+def settings(caps: dict | None = None, **values) -> dict:
+    """The decoding settings `values` (names of `SETTINGS`), checked, as int32 / float32 scalar
+    tensors.
+
+    Args:
+        caps: optional `{name: int}`: an integer setting above its cap means the same as the
+            cap (`max_new_tokens` beyond `max_length`, `top_k` beyond the vocabulary), so it is
+            taken down to it before becoming int32 (never wrapped around). Defaults to `None`.
+        **values: each a Python number or a scalar (NumPy array, tensor), e.g.
+            `temperature=0.8`.
+
+    Returns:
+        `{name: tensor}`, in the order given.
+
+    Raises:
+        ValueError: naming the setting, for a value known now that is out of range, a
+            non-scalar, a bool, or a float where an integer is expected.
+    """
+    caps = caps or {}
+    checked = {}
+    for name, value in values.items():
+        expected, integer, condition = SETTINGS[name]
+        message = _message(name, expected)
+        shape = getattr(value, "shape", None)
+        kind = _kind(value)
+        if (shape is not None and len(shape) != 0) or kind not in ("int", "float") or (
+                integer and kind != "int"):
+            raise ValueError(message + f"{name}={value!r}")
+        cap = min(caps.get(name, INT32_MAX), INT32_MAX)
+        known = concrete_value(value)
+        if known is not None:
+            if not bool(condition(known)):
+                raise ValueError(message + f"{name}={known.item()!r}")
+            scalar = min(int(known), cap) if integer else float(known)
+            checked[name] = ops.convert_to_tensor(scalar, "int32" if integer else "float32")
+            continue
+        (value,) = _in_graph(condition(value), message + f"{name}=", (value,), (value,))
+        if integer:
+            value = ops.minimum(value, ops.cast(cap, value.dtype))
+        checked[name] = ops.cast(value, "int32" if integer else "float32")
+    return checked
+
+
+def token_ids(name: str, ids, vocab_size: int | None = None, right_padded: bool = False,
+              pad_id: int = 0):
+    """Integer ids `(B, T)`, checked, as int32.
+
+    Args:
+        name: the argument's name, for the messages.
+        ids: integer `(B, T)` ids (a nested list, NumPy array or tensor).
+        vocab_size: optional int, ids must be below it. Defaults to `None` (no upper bound).
+        right_padded: bool, each row must be its tokens (at least one), then only `pad_id`.
+            Defaults to `False`.
+        pad_id: int, the padding id. Defaults to `0`.
+
+    Returns:
+        int32 `(B, T)`.
+
+    Raises:
+        ValueError: naming `name`, for ids of another rank or dtype, or (known values) ids
+            out of range or not right-padded.
+    """
+    if not hasattr(ids, "shape"):
+        ids = np.asarray(ids)
+    if len(ids.shape) != 2 or _kind(ids) != "int":
+        raise ValueError(
+            f"Argument `{name}` must be integer token ids of shape (batch_size, length). "
+            f"Received: {name}.shape={tuple(ids.shape)}, dtype={_kind(ids)}"
+        )
+    bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+    range_message = _message(name, f"token ids in {bound}")
+    padding_message = (
+        f"Argument `{name}` must be right-padded with {pad_id}: each row its tokens (at least "
+        f"one, e.g. <bos>), then only padding; left padding and padding between tokens are not "
+        f"supported. Received: ")
+    known = concrete_value(ids)
+    if known is not None:
+        bad = (known < 0) | (known >= vocab_size if vocab_size is not None else False)
+        if bad.any():
+            row, column = np.argwhere(bad)[0]
+            raise ValueError(range_message + f"{name}[{row}, {column}]={known[row, column]}")
+        if right_padded and known.shape[1] == 0:
+            raise ValueError(padding_message + f"{name}.shape={known.shape}")
+        if right_padded:
+            row = _first_unpadded_row(known != pad_id)
+            if row is not None:
+                raise ValueError(padding_message + f"{name}[{row}]={known[row].tolist()}")
+        return ops.convert_to_tensor(known, "int32")
+    low, high = ops.min(ids), ops.max(ids)
+    ok = low >= 0
+    if vocab_size is not None:
+        ok = ops.logical_and(ok, high < vocab_size)
+    (ids,) = _in_graph(ok, range_message + f"the smallest and largest id of {name}: ",
+                       (low, high), (ids,))
+    if right_padded:
+        present = ops.not_equal(ids, pad_id)  # (B, T)
+        # A row is right-padded when its first position holds a token and no token follows
+        # padding.
+        wrong = ops.logical_or(ops.logical_not(present[:, 0]), ops.any(ops.logical_and(
+            present[:, 1:], ops.logical_not(present[:, :-1])), axis=1))  # (B,)
+        first = ops.argmax(ops.cast(wrong, "int32"))
+        (ids,) = _in_graph(ops.logical_not(ops.any(wrong)),
+                           padding_message + f"a row index and that row of {name}: ",
+                           (first, ops.take(ids, first, axis=0)), (ids,))
+    return ops.cast(ids, "int32")
+
+
+def _first_unpadded_row(present: np.ndarray):
+    """The first row of the boolean `(B, T)` `present` that is not tokens-then-padding."""
+    wrong = ~present[:, 0] | np.any(present[:, 1:] & ~present[:, :-1], axis=1)
+    return int(np.argmax(wrong)) if wrong.any() else None
+
+
+def vocab_size(layer) -> int | None:
+    """`layer.vocab_size` when it is an integer (keras_attn's encoders and decoders), else
+    None (a model of its own keeping the decoding contract)."""
+    size = getattr(layer, "vocab_size", None)
+    return int(size) if isinstance(size, (int, np.integer)) and not isinstance(
+        size, bool) else None
+
+
+def length(name: str, value, minimum: int) -> None:
+    """Raise unless `value` is an integer in `[minimum, 2**31 - 2]` (positions are int32)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+            or not minimum <= value <= INT32_MAX - 1):
+        raise ValueError(_message(name, f"an integer in [{minimum}, {INT32_MAX - 1}] (positions "
+                                        "are int32)") + f"{name}={value!r}")
+
+
+def end_token(eos_id, vocab_size, never_emitted) -> None:
+    """Raise unless `eos_id` is None (no end token) or a token the search can emit: below
+    `vocab_size` (when known) and not one of `never_emitted`."""
+    if eos_id is None:
+        return
+    expected = "None (no end token) or a token id the model can emit"
+    if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)) or eos_id < 0:
+        raise ValueError(_message("eos_id", expected) + f"eos_id={eos_id!r}")
+    if vocab_size is not None and eos_id >= vocab_size:
+        raise ValueError(_message("eos_id", expected + f", below the vocabulary size "
+                                  f"{vocab_size}") + f"eos_id={eos_id!r}")
+    if int(eos_id) in tuple(int(t) for t in never_emitted):
+        raise ValueError(_message("eos_id", expected + f", not one of the ids never emitted "
+                                  f"{tuple(never_emitted)} (padding, <bos>)") +
+                         f"eos_id={eos_id!r}")

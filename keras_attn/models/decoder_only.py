@@ -1,0 +1,231 @@
+"""The decoder-only Transformer stack of GPT-2, LLaMA, Mistral and Qwen2: token embeddings,
+positions, causal blocks, vocabulary logits, and cached decoding one token at a time."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from keras_attn._checks import check_bool, check_one_of
+from keras_attn.layers.add_norm import NORMS
+from keras_attn.layers.base import check_positive_int
+from keras_attn.layers.block_base import _position_config, check_use_bias
+from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
+from keras_attn.layers.embedding import OutputHead, TokenEmbedding
+from keras_attn.layers.initializers import sublayer_initializer
+from keras_attn.models.assembly import _Stack, document_stack, embeddings_initializer
+from keras_attn.tokens import PAD_ID
+
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+@document_stack(norm_first=True, activation="swiglu")
+class TransformerDecoderOnly(_Stack):
+    """A decoder-only Transformer: token embeddings, positions, N blocks, vocabulary logits.
+
+    Positions (`position_encoding`): `"sinusoidal"` (embeddings · √d + the sinusoid table),
+    `"learned"` (a table of `max_length` rows, GPT-2), or `"rope"`, `"alibi"`, `"relative"`
+    inside every block's attention; a `RotaryEmbedding` (or `AlibiBias`,
+    `RelativePositionBias`) layer sets their options (LLaMA's `max_wavelength`). With
+    `tie_embeddings=True` the vocabulary projection is the transposed token table (without
+    bias), else a dense layer (with a bias when `use_bias`). The logits are float32 under
+    mixed precision. GPT-2: `position_encoding="learned", norm="layer", activation="gelu_tanh",
+    tie_embeddings=True`; LLaMA: the defaults with `use_bias=False`.
+
+    It keeps the decoding contract of `keras_attn.decoding.contract.Decoder`:
+    `init_decode_state(batch_size, max_length)` preallocates one key/value cache per block.
+
+    Args:
+{args}
+        position_encoding: `"sinusoidal"`, `"learned"`, `"rope"`, `"alibi"`, `"relative"`, or
+            a position layer (see above). Defaults to `"rope"`.
+        max_length: optional int, the positions `"learned"` embeds (required there) and the
+            longest decoding cache. Defaults to `None`.
+        num_key_value_heads: optional int, grouped-query attention. Defaults to `None`.
+        norm: `"layer"` or `"rms"`. Defaults to `"rms"`.
+        tie_embeddings: bool, logits from the token table. Defaults to `False`.
+        head_dim: optional int, the size of each attention head. Defaults to
+            `embed_dim // num_heads`.
+        use_bias: bool, biases in the attention and FFN projections and the untied head; or
+            the names of the attention projections with one (Qwen2: `("query", "key",
+            "value")`; FFN and head then without). Defaults to `True`.
+
+    Call arguments:
+        inputs: integer token ids `(B, T)`.
+        padding_mask: optional boolean `(B, T)`, True at real tokens. Defaults to
+            `inputs != pad_id` (nothing when `pad_id` is None).
+        return_attention_scores: bool, also return every block's weights (formed only then,
+            by the dense kernel). Defaults to `False`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        float32 logits `(B, T, vocab_size)` for the next token at every position; with
+        `return_attention_scores=True` also the weights `(B, num_layers, num_heads, T, T)`.
+
+    Example:
+    >>> lm = TransformerDecoderOnly(100, num_layers=2, embed_dim=32, num_heads=4, ffn_dim=64)
+    >>> lm(keras.ops.array([[2, 9, 4]])).shape  # (1, 3, 100)
+
+    References:
+        Radford et al., 2019, "Language Models are Unsupervised Multitask Learners"
+        Touvron et al., 2023, "LLaMA", https://arxiv.org/abs/2302.13971
+    """
+
+    block_class = TransformerDecoderOnlyBlock
+    blocks_first = True
+
+    def __init__(self, vocab_size: int, num_layers: int, embed_dim: int, num_heads: int,
+                 ffn_dim: int, dropout: float = 0.0, position_encoding="rope",
+                 max_length: int | None = None, num_key_value_heads: int | None = None,
+                 norm: str = "rms", activation="swiglu", norm_first: bool = True,
+                 tie_embeddings: bool = False, head_dim: int | None = None,
+                 use_bias: bool = True, pad_id: int | None = PAD_ID, **kwargs):
+        super().__init__(vocab_size, num_layers, embed_dim, num_heads, ffn_dim,
+                         dropout=dropout, norm_first=norm_first, activation=activation,
+                         pad_id=pad_id, **kwargs)
+        if isinstance(position_encoding, str):
+            check_one_of("position_encoding", position_encoding, POSITIONS)
+        else:
+            position_encoding = _position_config(position_encoding)
+        check_positive_int("max_length", max_length,
+                           allow_none=position_encoding != "learned")
+        check_one_of("norm", norm, NORMS)
+        check_bool("tie_embeddings", tie_embeddings)
+        check_positive_int("head_dim", head_dim, allow_none=True)
+        use_bias = check_use_bias(use_bias)
+        self.position_encoding, self.max_length = position_encoding, max_length
+        self.num_key_value_heads, self.norm = num_key_value_heads, norm
+        self.tie_embeddings, self.head_dim, self.use_bias = tie_embeddings, head_dim, use_bias
+        self._assemble()
+
+    def _check_heads(self) -> None:
+        if self.head_dim is None:
+            super()._check_heads()
+
+    def _norm_kind(self) -> str:
+        return self.norm
+
+    def _embedding(self) -> TokenEmbedding:
+        position = (self.position_encoding
+                    if self.position_encoding in ("sinusoidal", "learned") else None)
+        return TokenEmbedding(
+            self.vocab_size, self.embed_dim, position=position,
+            sequence_length=self.max_length if position == "learned" else None,
+            scale=math.sqrt(self.embed_dim) if position == "sinusoidal" else None,
+            dropout=self.dropout, seed=self.seed,
+            embeddings_initializer=sublayer_initializer(
+                embeddings_initializer(self.kernel_initializer), "embedding"),
+            name="embedding", dtype=self.dtype_policy)
+
+    def _head(self) -> OutputHead:
+        return OutputHead(
+            self.vocab_size, tie_embeddings=self.tie_embeddings,
+            use_bias=self.use_bias is True and not self.tie_embeddings,
+            kernel_initializer=sublayer_initializer(self.kernel_initializer, "head"),
+            name="head", dtype=self.dtype_policy)
+
+    def _block_kwargs(self, name: str) -> dict:
+        in_attention = self.position_encoding not in ("sinusoidal", "learned")
+        return dict(super()._block_kwargs(name), norm=self.norm,
+                    num_key_value_heads=self.num_key_value_heads,
+                    position_encoding=self.position_encoding if in_attention else None,
+                    head_dim=self.head_dim, use_bias=self.use_bias)
+
+    def build(self, inputs_shape, padding_mask_shape=None):
+        self._build_parts(inputs_shape)
+
+    def _run_blocks(self, x, padding_mask, caches, index, return_attention, training=None):
+        """`x` through the blocks (and their caches at `index`, when given): `x`, the new
+        caches and the weights."""
+        new_caches, weights = [], []
+        for i, block in enumerate(self.blocks):
+            kwargs = {} if caches is None else {"cache": caches[i], "cache_update_index": index}
+            results = block(x, padding_mask=padding_mask, return_attention_scores=return_attention,
+                            training=training, **kwargs)
+            results = results if isinstance(results, tuple) else (results,)
+            x = results[0]
+            if caches is not None:
+                new_caches.append(results[1])
+            if return_attention:
+                weights.append(results[-1])  # (B, H, T, S)
+        return x, new_caches, weights
+
+    def call(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
+        padding_mask = self.padding_mask(inputs, padding_mask)  # (B, T)
+        x = self.embedding(inputs, training=training)  # (B, T, d)
+        x, _, weights = self._run_blocks(x, padding_mask, None, None, return_attention_scores,
+                                         training)
+        logits = self._logits(x)  # (B, T, V)
+        if return_attention_scores:
+            return logits, ops.cast(ops.stack(weights, axis=1), "float32")  # (B, L, H, T, T)
+        return logits
+
+    # ---- the decoding contract (keras_attn.decoding.contract.Decoder) ----------------------
+
+    def init_decode_state(self, batch_size, max_length: int) -> dict:
+        """`{"cache": one (k, v) per block}`, each `(B, H_kv, max_length, head_dim)`, zeros."""
+        check_positive_int("max_length", max_length)
+        if self.max_length is not None and max_length > self.max_length:
+            raise ValueError(
+                f"Argument `max_length` must be at most the model's max_length="
+                f"{self.max_length}. Received: max_length={max_length}"
+            )
+        return {"cache": tuple(block.init_cache(batch_size, max_length)
+                               for block in self.blocks)}
+
+    def decode_step(self, token_ids, index, state: dict, return_attention: bool = True):
+        """Tokens at positions `index, index + 1, ...` through the stack and the caches.
+
+        Args:
+            token_ids: int `(B,)` (one token) or `(B, T)` (a prompt, at once).
+            index: scalar int tensor (or int), the position of the first token.
+            state: the dict of `init_decode_state` or of the previous call.
+            return_attention: bool, also return the last token's weights. Defaults to `True`.
+
+        Returns:
+            `(logits, state, attention)`: float32 logits `(B, V)` predicting position
+            `index + 1` (`(B, T, V)` for `(B, T)` tokens), the updated state, and the weights
+            of the last token, float32 `(B, num_layers, num_heads, S)` (None unless asked).
+        """
+        single = len(token_ids.shape) == 1
+        token_ids = ops.cast(token_ids, "int32")
+        # A tensor, as the loops pass it: the attention then treats position 0 of the prompt
+        # like any other cache position (with the local kernel it falls back to dense).
+        index = ops.convert_to_tensor(index, "int32")
+        if single:
+            token_ids = ops.expand_dims(token_ids, -1)  # (B, 1)
+        x = self.embedding(token_ids, start_index=index)  # (B, T, d)
+        x, caches, weights = self._run_blocks(x, None, state["cache"], index, return_attention)
+        logits = self._logits(x)  # (B, T, V)
+        state = {"cache": tuple(caches)}
+        logits = logits[:, 0] if single else logits
+        if not return_attention:
+            return logits, state, None
+        attention = ops.stack([w[:, :, -1, :] for w in weights], axis=1)  # (B, L, H, S)
+        return logits, state, ops.cast(attention, "float32")
+
+    def compute_output_shape(self, inputs_shape, padding_mask_shape=None):
+        return tuple(inputs_shape) + (self.vocab_size,)
+
+    def compute_output_spec(self, inputs, padding_mask=None, return_attention_scores=False,
+                            training=None):
+        logits = keras.KerasTensor(tuple(inputs.shape) + (self.vocab_size,), dtype="float32")
+        if not return_attention_scores:
+            return logits
+        weights = (inputs.shape[0], self.num_layers, self.num_heads, inputs.shape[1],
+                   inputs.shape[1])
+        return logits, keras.KerasTensor(weights, dtype="float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "position_encoding": self.position_encoding, "max_length": self.max_length,
+            "num_key_value_heads": self.num_key_value_heads, "norm": self.norm,
+            "tie_embeddings": self.tie_embeddings, "head_dim": self.head_dim,
+            "use_bias": self.use_bias if isinstance(self.use_bias, bool) else list(
+                self.use_bias),
+        })
+        return config

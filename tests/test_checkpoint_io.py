@@ -1,0 +1,103 @@
+"""keras_attn.checkpoints.files: safetensors into NumPy without torch (single files, sharded
+indexes, bfloat16 kept or widened) and the config files, against torch's own state dicts."""
+
+import json
+import os
+import shutil
+import sys
+
+import checkpoint_fixtures as fx
+import ml_dtypes
+import numpy as np
+import pytest
+
+from keras_attn.checkpoints import load_hf_checkpoint, read_config, read_safetensors
+
+FLOAT32 = [name for name in fx.CHECKPOINTS if name != "llama_bf16"]
+
+
+def stored(name, kind="state"):
+    """torch's `state_dict()` arrays of checkpoint `name` that `save_pretrained` stored
+    (`kind="bits"`: the raw bits of its bfloat16 tensors)."""
+    prefix = f"{kind}/"
+    return {key[len(prefix):]: value for key, value in fx.expected(name).items()
+            if key.startswith(prefix)}
+
+
+def test_reader_equals_torch_state_dict():
+    # One test over every checkpoint (each test item costs this process a garbage collection).
+    for name in FLOAT32:
+        tensors = read_safetensors(fx.hf_checkpoint(name))
+        expected = stored(name)
+        assert set(tensors) == set(expected), name
+        for key, value in expected.items():
+            assert tensors[key].dtype == np.float32, (name, key)
+            np.testing.assert_array_equal(tensors[key], value, err_msg=f"{name} {key}")
+    # the tied copies are not stored; every other parameter is
+    assert "lm_head.weight" not in read_safetensors(fx.hf_checkpoint("qwen2"))
+    assert "lm_head.weight" in read_safetensors(fx.hf_checkpoint("llama"))
+
+
+def test_bfloat16_is_kept_bit_for_bit_or_widened_on_request():
+    path = fx.hf_checkpoint("llama_bf16")
+    kept, widened = read_safetensors(path), read_safetensors(path, dtype="float32")
+    bits, values = stored("llama_bf16", "bits"), stored("llama_bf16")
+    assert set(kept) == set(bits) == set(values)
+    for key in bits:
+        assert kept[key].dtype == ml_dtypes.bfloat16, key
+        np.testing.assert_array_equal(kept[key].view(np.int16), bits[key])
+        assert widened[key].dtype == np.float32
+        np.testing.assert_array_equal(widened[key], values[key])
+    narrowed = read_safetensors(fx.hf_checkpoint("llama"), dtype="bfloat16")
+    key = "model.embed_tokens.weight"
+    assert narrowed[key].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(narrowed[key],
+                                  stored("llama")[key].astype(ml_dtypes.bfloat16))
+
+
+def test_sharded_checkpoint_through_its_index():
+    path = fx.hf_checkpoint("llama3")
+    with open(os.path.join(path, "model.safetensors.index.json")) as file:
+        weight_map = json.load(file)["weight_map"]
+    assert len(set(weight_map.values())) == 3  # the fixture is really sharded
+    whole = read_safetensors(path)
+    assert whole.keys() == read_safetensors(
+        os.path.join(path, "model.safetensors.index.json")).keys() == set(weight_map)
+    shard = min(set(weight_map.values()))
+    part = read_safetensors(os.path.join(path, shard))
+    assert set(part) == {key for key, file in weight_map.items() if file == shard}
+    for key in part:
+        np.testing.assert_array_equal(part[key], whole[key])
+
+
+def test_missing_shard_and_pickles_are_refused(tmp_path):
+    source = fx.hf_checkpoint("llama3")
+    broken = tmp_path / "broken"
+    shutil.copytree(source, broken)
+    os.remove(broken / "model-00002-of-00003.safetensors")
+    with pytest.raises(ValueError, match="model-00002-of-00003.safetensors"):
+        read_safetensors(str(broken))
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(ValueError, match="`path`.*pytorch_model.bin"):
+        read_safetensors(str(pickled))
+    with pytest.raises(ValueError, match="`dtype`"):
+        read_safetensors(source, dtype="int8")
+
+
+def test_config_and_generation_config(tmp_path):
+    config, generation = read_config(fx.hf_checkpoint("llama3"))
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert len(generation["eos_token_id"]) == 2 and config["eos_token_id"] in (
+        generation["eos_token_id"])
+    assert read_config(fx.hf_checkpoint("bert"))[1] is None  # BertModel writes none
+    with pytest.raises(ValueError, match="`directory`"):
+        read_config(str(tmp_path))
+
+
+def test_reading_never_imports_torch(monkeypatch):
+    for module in ("torch", "transformers"):  # an `import torch` would now raise ImportError
+        monkeypatch.setitem(sys.modules, module, None)
+    spec, weights = load_hf_checkpoint(fx.hf_checkpoint("llama3"))
+    assert spec.architecture == "llama" and len(weights) == 21
