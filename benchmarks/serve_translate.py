@@ -2,7 +2,7 @@
 
 Takes trained models and serves them the way a user would: the autoregressive Transformer of
 `examples/transformer_translation.py --data` exported with greedy decoding and with beam 4,
-the non-autoregressive one of `examples/nat_translation.py --data` exported with 1, 4 and 10
+the non-autoregressive one of `examples/nat_translation.py --data` exported with 1, 2, 4 and 10
 Mask-Predict iterations, each loaded back with `tf.saved_model.load` and called through its
 `translate` signature (raw strings in, strings out, decoding inside the graph); and, for
 comparison, the keras-hub recipe model of `translation_time_to_bleu.py` decoded with
@@ -184,7 +184,7 @@ def main(argv=None) -> None:
         nat = keras.models.load_model(os.path.join(args.nat, "model.keras"))
         with open(os.path.join(args.nat, "metrics.json")) as f:
             length_beam = json.load(f)["length_beam"]
-        for iterations in (1, 4, 10):
+        for iterations in (1, 2, 4, 10):
             path = os.path.join(exports, f"nat_{iterations}")
             export_nat_translator(nat, data.source_vectorizer, data.target_vectorizer, path,
                                   iterations=iterations, length_beam=length_beam, **options)

@@ -60,7 +60,8 @@ DEFAULTS = {
     "tatoeba": {"num_examples": None, "epochs": 4, "batch_size": 64, "learning_rate": 1e-3,
                 "out": "runs/nat_tatoeba", "num_layers": 2, "embed_dim": 128,
                 "num_heads": 4, "ffn_dim": 512, "dropout": 0.1, "max_length": 12,
-                "min_freq": 2, "tokenizer": "word", "vocab_size": 8000, "iterations": 10, "length_beam": 3, "warmup_steps": 300,
+                "min_freq": 2, "tokenizer": "sentencepiece", "vocab_size": 4000,
+                "iterations": 10, "length_beam": 3, "warmup_steps": 300,
                 "label_smoothing": 0.0, "precision": "mixed_bfloat16", "teacher_beam": 4},
 }
 

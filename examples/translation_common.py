@@ -182,13 +182,18 @@ def held_out_scores(data, pairs, predictions: list[str]) -> dict:
 
 
 def score(model, data, args) -> tuple[dict, list]:
-    """`held_out_scores` of the first `--max-test` test pairs, and `(source, prediction,
-    reference)` for each."""
+    """`held_out_scores` of the first `--max-test` test pairs (with those of the whole
+    validation split under "validation", if there is one), and `(source, prediction,
+    reference)` for each test pair."""
     pairs = data.test[: args.max_test]
     predictions = translate(model, data, [s for s, _ in pairs], args.beam_size)
     references = [data.target_joiner.join(target.split()) for _, target in pairs]
-    return (held_out_scores(data, pairs, predictions),
-            list(zip([s for s, _ in pairs], predictions, references)))
+    metrics = held_out_scores(data, pairs, predictions)
+    if data.validation:  # what tuning reads (the test pairs stay for the final figure)
+        sources = [s for s, _ in data.validation]
+        metrics["validation"] = held_out_scores(
+            data, data.validation, translate(model, data, sources, args.beam_size))
+    return metrics, list(zip([s for s, _ in pairs], predictions, references))
 
 
 def draw_attention(model, data, sources: list[str], out_dir: str,
@@ -487,6 +492,10 @@ def run(name: str, args, build_model: Callable, defaults: dict | None = None) ->
           f"(0-100, over {metrics['bleu_tokens']}); {train_seconds:.0f} s of training"
           + (f" ({budget['trained_s']:.0f} s counted against the budget, "
              f"{budget['steps']} steps)" if budget else ""))
+    if "validation" in metrics:
+        print(f"validation BLEU {metrics['validation']['bleu']:.2f}, exact match "
+              f"{100 * metrics['validation']['exact_match']:.2f}% "
+              f"({metrics['validation']['num_test']} pairs)")
     print(f"unknown tokens: {100 * metrics['source_unknown_rate']:.2f}% of the test inputs', "
           f"{100 * metrics['output_unknown_rate']:.2f}% of the output words")
     print_samples(samples[:5], raw)
