@@ -496,8 +496,8 @@ def run(name: str, args, build_model: Callable, defaults: dict | None = None) ->
         print(f"validation BLEU {metrics['validation']['bleu']:.2f}, exact match "
               f"{100 * metrics['validation']['exact_match']:.2f}% "
               f"({metrics['validation']['num_test']} pairs)")
-    print(f"unknown tokens: {100 * metrics['source_unknown_rate']:.2f}% of the test inputs', "
-          f"{100 * metrics['output_unknown_rate']:.2f}% of the output words")
+    print(f"unknown tokens: {100 * metrics['source_unknown_rate']:.2f}% of the test inputs' "
+          f"tokens, {100 * metrics['output_unknown_rate']:.2f}% of the output words")
     print_samples(samples[:5], raw)
     note = short_run_note(args, defaults) if defaults else None
     if note:
