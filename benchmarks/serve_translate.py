@@ -2,7 +2,7 @@
 
 Takes trained models and serves them the way a user would: the autoregressive Transformer of
 `examples/transformer_translation.py --data` exported with greedy decoding and with beam 4,
-the non-autoregressive one of `examples/nat_translation.py --data` exported with 1, 4 and 10
+the non-autoregressive one of `examples/nat_translation.py --data` exported with 1, 2, 4 and 10
 Mask-Predict iterations, each loaded back with `tf.saved_model.load` and called through its
 `translate` signature (raw strings in, strings out, decoding inside the graph); and, for
 comparison, the keras-hub recipe model of `translation_time_to_bleu.py` decoded with
@@ -51,7 +51,9 @@ def parse_args(argv=None):
     parser.add_argument("--single", type=int, default=64, help="sentences served one by one")
     parser.add_argument("--batches", type=int, default=4, help="batches of 256 served")
     parser.add_argument("--example-args", default="",
-                        help="data flags the runs were made with, e.g. \"--num-examples 3000\"")
+                        help="data flags the runs were made with, e.g. \"--num-examples 3000\" "
+                             "(the AT and NAT runs must share them; the keras-hub row always "
+                             "uses word vocabularies)")
     parser.add_argument("--out", default="runs/serve_translate")
     return parser.parse_args(argv)
 
@@ -123,6 +125,24 @@ def keras_hub_translate(model, data):
     return translate_batch
 
 
+def check_same_data(data, example_args, runs) -> None:
+    """Stops unless every run directory's model learned this data (same split and
+    vocabularies): another split would score pairs its model trained on."""
+    from translation_common import data_options
+
+    ours = data_options(example_args, data)
+    for run in runs:
+        path = os.path.join(run, "metrics.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            theirs = json.load(f).get("data_options", {})
+        different = sorted(key for key in ours if key != "task" and theirs.get(key) != ours[key])
+        if different:
+            raise SystemExit(f"{run} was trained on other data ({', '.join(different)}): pass "
+                             "its data flags with --example-args")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     from example_utils import import_tensorflow_quietly
@@ -142,11 +162,12 @@ def main(argv=None) -> None:
         "serve", DEFAULTS, ["--data", args.data, "--out", exports,
                             *shlex.split(args.example_args)], MODEL_FLAGS)
     data = load_data(example_args)  # as the examples load it: the same vocabularies and split
+    check_same_data(data, example_args, (args.at, args.nat))
     pairs = getattr(data, args.split)
     sources = [source for source, _ in pairs]
     references = [target for _, target in pairs]
     assert all(preprocess(s) == s for s in sources[:100]), "sources must be standardized"
-    options = {"standardize": data.standardize_tf, "joiner": data.target_joiner}
+    options = data.text_options
     rows = {}
     if os.path.exists(os.path.join(args.at, "model.keras")):
         at = keras.models.load_model(os.path.join(args.at, "model.keras"))
@@ -163,7 +184,7 @@ def main(argv=None) -> None:
         nat = keras.models.load_model(os.path.join(args.nat, "model.keras"))
         with open(os.path.join(args.nat, "metrics.json")) as f:
             length_beam = json.load(f)["length_beam"]
-        for iterations in (1, 4, 10):
+        for iterations in (1, 2, 4, 10):
             path = os.path.join(exports, f"nat_{iterations}")
             export_nat_translator(nat, data.source_vectorizer, data.target_vectorizer, path,
                                   iterations=iterations, length_beam=length_beam, **options)
@@ -177,8 +198,12 @@ def main(argv=None) -> None:
         import keras_hub  # noqa: F401  (registers the recipe's layers)
 
         hub = keras.models.load_model(args.keras_hub)
+        word_args = parse_example_args(
+            "serve", DEFAULTS, ["--data", args.data, "--out", exports, "--tokenizer", "word",
+                                *shlex.split(args.example_args)], MODEL_FLAGS)
+        words = load_data(word_args) if example_args.tokenizer != "word" else data
         label = "keras-hub recipe, GreedySampler (not exported)"
-        rows[label] = measure(keras_hub_translate(hub, data), sources, references,
+        rows[label] = measure(keras_hub_translate(hub, words), sources, references,
                               args.single, args.batches)
         print(label, rows[label], flush=True)
     else:

@@ -25,7 +25,7 @@ DEFAULTS = {
               "precision": "float32"},
     "tatoeba": {"num_examples": None, "epochs": 15, "batch_size": 128, "learning_rate": 1e-3,
                 "out": "runs/bahdanau_tatoeba", "embed_dim": 128, "units": 256, "num_layers": 2,
-                "dropout": 0.2, "max_length": 12, "min_freq": 2, "label_smoothing": 0.0,
+                "dropout": 0.2, "max_length": 12, "min_freq": 2, "tokenizer": "word", "vocab_size": 8000, "label_smoothing": 0.0,
                 "warmup_steps": 0, "precision": "float32"},
 }
 
@@ -54,7 +54,7 @@ def build_model(data, args):
 
 def main(argv=None) -> dict:
     args = parse_args(__doc__.splitlines()[0], DEFAULTS, argv, MODEL_FLAGS, USAGE)
-    return run("bahdanau", args, build_model)
+    return run("bahdanau", args, build_model, DEFAULTS)
 
 
 if __name__ == "__main__":

@@ -102,3 +102,89 @@ def clear_export_dir(export_dir: str) -> None:
     export holds no stale files; `check_run_dirs` has refused anything else."""
     if _is_saved_model(export_dir):
         shutil.rmtree(export_dir)
+
+
+def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int,
+                         decay_fraction: float = 0.3, alpha: float = 0.02):
+    """A Keras callback that fits the learning-rate schedule to `seconds` of training and
+    stops training when they are spent.
+
+    The schedule is a function of the training time, not of a step count estimated in advance:
+    a linear warm-up over the first `warmup_steps` steps to `learning_rate`, the peak rate
+    until `1 - decay_fraction` of the budget is spent, then a linear decay to
+    `alpha * learning_rate` at `seconds` (warm-up, stable, decay). Measured time follows the
+    machine: on a shared machine whose speed changes during the run (other jobs starting or
+    ending), a step count estimated from the first steps would end the decay early or late;
+    the time itself does not. The price: the rate at a given step depends on how fast the
+    steps ran, so two runs of the same seed differ slightly.
+
+    Why this shape: a budget of minutes leaves the model far from converged, where the peak
+    rate makes the most progress and only the final annealing pays. On English-French at 300 s
+    (benchmarks/RESULTS.md) a cosine decay over the whole budget lost 4-6 BLEU to keeping the
+    peak and decaying over the last 30%.
+
+    Training seconds are the wall time of `model.fit` from its first training step, without
+    the validation passes between epochs (and without anything before `fit`: loading data,
+    learning vocabularies). The first steps include tracing the training function, as every
+    run does. Training stops at the end of the first step that passes `seconds`.
+
+    Args:
+        seconds: float > 0, the budget of training seconds.
+        learning_rate: float, the peak learning rate (the optimizer's is overwritten every
+            step: give the optimizer a plain float rate, not a schedule).
+        warmup_steps: int >= 0, steps of linear warm-up.
+        decay_fraction: float in (0, 1], the final share of the budget over which the rate
+            decays. Defaults to `0.3`.
+        alpha: float, the final rate as a fraction of `learning_rate`. Defaults to `0.02`.
+
+    Returns:
+        The callback; after `fit`, its `summary()` gives the training seconds, the steps run,
+        the steps of warm-up done and whether the budget ended the run.
+    """
+    import time
+
+    import keras
+
+    decay_start = (1.0 - decay_fraction) * seconds
+
+    class TimeBudget(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.start, self.paused, self.steps = time.perf_counter(), 0.0, 0
+            self.spent, self.pause_start, self.total = False, None, 0.0
+
+        def trained(self) -> float:
+            return time.perf_counter() - self.start - self.paused
+
+        def rate(self) -> float:
+            warmup = min((self.steps + 1) / warmup_steps, 1.0) if warmup_steps else 1.0
+            progress = min(max((self.trained() - decay_start) / (seconds - decay_start), 0.0),
+                           1.0)
+            return learning_rate * warmup * (1.0 - (1.0 - alpha) * progress)
+
+        def on_train_end(self, logs=None):
+            self.total = self.trained()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.model.optimizer.learning_rate = self.rate()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if self.trained() >= seconds:
+                self.spent = True
+                self.model.stop_training = True
+
+        # Validation between epochs is not training time.
+        def on_test_begin(self, logs=None):
+            self.pause_start = time.perf_counter()
+
+        def on_test_end(self, logs=None):
+            if self.pause_start is not None:
+                self.paused += time.perf_counter() - self.pause_start
+                self.pause_start = None
+
+        def summary(self) -> dict:
+            return {"time_budget_s": seconds, "trained_s": round(self.total, 1),
+                    "steps": self.steps, "budget_spent": self.spent,
+                    "warmup_steps_done": min(self.steps, warmup_steps)}
+
+    return TimeBudget()

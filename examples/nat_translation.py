@@ -8,12 +8,21 @@ random (`keras_attn.data.nat.make_cmlm_dataset`) and translates with Mask-Predic
 `--iterations - 1` times re-mask and re-predict the least sure ones. By default it learns the
 built-in date-normalization task ("the 3rd of march, 2021" -> "2021-03-03"; no download); with
 `--data fra.txt` a Tatoeba/Anki export. It prints exact match and corpus BLEU (0-100) on the
-test split after 1, 4 and `--iterations` rounds, and writes into `--out`: metrics.json,
-history.png, model.keras and saved_model/, whose `translate` signature (the same as the
-autoregressive examples') serves raw strings with TensorFlow alone.
+test split after 1, 2, 4 and `--iterations` rounds, and writes into `--out`: metrics.json,
+history.png, model.keras, vocabulary/ and saved_model/, whose `translate` signature (the same
+as the autoregressive examples') serves raw strings.
+
+With `--teacher RUN` it learns from a teacher instead of the references (sequence-level
+knowledge distillation, Kim & Rush 2016, as Mask-Predict trains): RUN is a finished run of
+`examples/transformer_translation.py` on the same data (same split and vocabularies, checked);
+its model translates the training sources with beam search (`--teacher-beam`), and those
+translations become the training targets. The teacher's translating time is reported apart
+from the training time (and cached in RUN, so the next student reuses it).
 
     python examples/nat_translation.py --out runs/nat
     python examples/nat_translation.py --data fra.txt --out runs/nat_fra
+    python examples/transformer_translation.py --data fra.txt --out runs/at_fra
+    python examples/nat_translation.py --data fra.txt --teacher runs/at_fra --out runs/nat_kd
 """
 
 from __future__ import annotations
@@ -24,55 +33,72 @@ import sys
 import time
 
 from example_utils import clear_export_dir, import_tensorflow_quietly
-from transformer_translation import MODEL_FLAGS as TRANSFORMER_FLAGS
+from transformer_translation import MODEL_FLAGS
 from translation_common import (
     TASK_NAMES,
+    data_options,
+    fit_plan,
     held_out_scores,
     load_and_describe,
     optimizer,
     parse_args,
     print_samples,
+    save_vocabularies,
     serve_and_compare,
     served_inputs,
+    short_run_note,
 )
 
 DEFAULTS = {
     "dates": {"num_examples": 20000, "epochs": 12, "batch_size": 128, "learning_rate": 2e-3,
               "out": "runs/nat", "num_layers": 2, "embed_dim": 64, "num_heads": 4,
               "ffn_dim": 128, "dropout": 0.1, "iterations": 10, "length_beam": 1,
-              "warmup_steps": 0, "label_smoothing": 0.0, "precision": "float32"},
+              "warmup_steps": 0, "label_smoothing": 0.0, "precision": "float32",
+              "teacher_beam": 4},
     # The autoregressive example's tuned settings (examples/transformer_translation.py), so
     # the two compare at the same size and training budget.
     "tatoeba": {"num_examples": None, "epochs": 4, "batch_size": 64, "learning_rate": 1e-3,
                 "out": "runs/nat_tatoeba", "num_layers": 2, "embed_dim": 128,
                 "num_heads": 4, "ffn_dim": 512, "dropout": 0.1, "max_length": 12,
-                "min_freq": 2, "iterations": 10, "length_beam": 3, "warmup_steps": 300,
-                "label_smoothing": 0.0, "precision": "mixed_bfloat16"},
+                "min_freq": 2, "tokenizer": "sentencepiece", "vocab_size": 4000,
+                "iterations": 10, "length_beam": 3, "warmup_steps": 300,
+                "label_smoothing": 0.0, "precision": "mixed_bfloat16", "teacher_beam": 4},
 }
 
-# The model-size options, and the two decoding options of Mask-Predict (parse_args shows
-# them in --help with their per-task defaults).
-MODEL_FLAGS = {
-    **TRANSFORMER_FLAGS,
+# The decoding options of Mask-Predict and the teacher (parse_args shows them in --help with
+# their per-task defaults); the model-size options are the Transformer example's.
+SCRIPT_FLAGS = {
     "iterations": (int, ("Mask-Predict rounds T of the reported score and the export (the "
-                         "scores after 1 and 4 rounds are printed too)")),
+                         "scores after 1, 2 and 4 rounds are printed too)")),
     "length_beam": (int, ("candidate target lengths decoded per input, the best mean "
                           "log-probability wins")),
+    "teacher": (str, ("a finished run of transformer_translation.py on the same data "
+                      "(same --data, --num-examples, --max-length, --seed and vocabulary "
+                      "options): train on its beam translations of the training sources "
+                      "instead of the references (default: none, train on the references)")),
+    "teacher_beam": (int, "beam size of the teacher's translations"),
 }
 
 USAGE = (
     "python examples/nat_translation.py --out runs/nat",
-    "python examples/nat_translation.py --epochs 2 --num-examples 2000 --out /tmp/nat",
+    ("python examples/nat_translation.py --epochs 2 --num-examples 2000 --out /tmp/nat"
+     "   # a quick check that everything runs: most translations come out wrong"),
     "python examples/nat_translation.py --iterations 4 --length-beam 2 --out runs/nat4",
     "python examples/nat_translation.py --data fra.txt --out runs/nat_fra",
+    ("python examples/nat_translation.py --data fra.txt --teacher runs/transformer_tatoeba "
+     "--out runs/nat_kd"),
 )
 
-# Options of the shared command line that this example does not implement.
-_UNSUPPORTED = (("beam_size", 1, "--beam-size (use --length-beam)"),
-                ("strategy", "default", "--strategy"), ("resume", False, "--resume"),
-                ("interrupt_after", None, "--interrupt-after"),
-                ("label_smoothing", 0.0, "--label-smoothing"),
-                ("pad_to_max", False, "--pad-to-max (its batches are always padded)"))
+# Options of the shared command line that this example does not implement: not in its --help,
+# refused when given.
+UNSUPPORTED = {
+    "beam_size": "--beam-size is not an option of the NAT example (it has --length-beam)",
+    "strategy": "--strategy is not supported by the NAT example (it trains on one device)",
+    "resume": "--resume is not supported by the NAT example",
+    "interrupt_after": "--interrupt-after is not supported by the NAT example",
+    "label_smoothing": "--label-smoothing is not supported by the NAT example (compile_cmlm "
+                       "has no smoothing)",
+}
 
 
 def build_model(data, args):
@@ -83,6 +109,76 @@ def build_model(data, args):
         embed_dim=args.embed_dim, num_heads=args.num_heads, ffn_dim=args.ffn_dim,
         dropout=args.dropout, max_target_length=data.target_length,
     )
+
+
+def token_counts(vectorizer, texts: list[str]):
+    """The number of tokens `vectorizer` makes of each text (before padding or truncation)."""
+    import numpy as np
+    import tensorflow as tf
+
+    if hasattr(vectorizer, "count_tokens"):  # subword pieces
+        return vectorizer.count_tokens(tf.constant(texts)).numpy()
+    return np.array([len(text.split()) for text in texts])
+
+
+def distilled_pairs(data, args) -> tuple[list, dict]:
+    """The training sources paired with the teacher's beam translations (sequence-level
+    knowledge distillation), and what it took: the teacher's translating seconds, apart from
+    any training time. The translations are cached in the teacher's run directory."""
+    import hashlib
+
+    import keras
+    from translation_common import translate
+
+    with open(os.path.join(args.teacher, "metrics.json")) as f:
+        teacher = json.load(f)
+    ours = data_options(args, data)
+    theirs = teacher.get("data_options", {})
+    different = sorted(key for key in ours if theirs.get(key) != ours[key])
+    if different:
+        sys.exit(f"nat_translation.py: error: the teacher in {args.teacher} was trained on other "
+                 "data: " + "; ".join(f"{key} {theirs.get(key)!r} there, {ours[key]!r} here"
+                                      for key in different)
+                 + ". Give this run the teacher's data options.")
+    sources = [source for source, _ in data.train]
+    cache = os.path.join(args.teacher, f"distilled_train_beam{args.teacher_beam}.json")
+    key = hashlib.sha1(json.dumps([ours, args.teacher_beam]).encode()).hexdigest()
+    found = None
+    if os.path.exists(cache):
+        with open(cache) as f:
+            found = json.load(f)
+    if found is not None and found.get("key") == key:
+        translations, seconds, cached = found["translations"], found["seconds"], True
+    else:
+        print(f"the teacher ({args.teacher}) translates the {len(sources)} training sources "
+              f"with beam {args.teacher_beam} ...", flush=True)
+        model = keras.models.load_model(os.path.join(args.teacher, "model.keras"))
+        start = time.perf_counter()
+        translations = translate(model, data, sources, args.teacher_beam)
+        seconds, cached = time.perf_counter() - start, False
+        with open(cache, "w") as f:
+            json.dump({"key": key, "seconds": seconds, "translations": translations}, f)
+    # A teacher's output that is empty or longer than the target length cannot be a target.
+    counts = token_counts(data.target_vectorizer, translations)
+    kept = [(source, target) for source, target, count in zip(sources, translations, counts)
+            if 0 < count < data.target_length]
+    if not kept:
+        sys.exit(f"nat_translation.py: error: none of the teacher's {len(sources)} translations "
+                 f"has 1 to {data.target_length - 1} target tokens: the teacher in "
+                 f"{args.teacher} has not learned to translate yet")
+    info = {"teacher": args.teacher, "teacher_beam": args.teacher_beam,
+            "teacher_seconds": seconds, "teacher_cached": cached,
+            "teacher_train_seconds": teacher.get("train_seconds"),
+            "teacher_test_bleu": teacher.get("bleu"),
+            "distilled_pairs": len(kept), "teacher_outputs_dropped": len(sources) - len(kept),
+            "targets_changed": sum(t != r for (_, r), t in zip(data.train, translations))
+            / max(len(sources), 1)}
+    print(f"distillation: {len(kept)} training pairs with the teacher's translations as "
+          f"targets ({100 * info['targets_changed']:.1f}% differ from the references; "
+          f"{info['teacher_outputs_dropped']} empty or too long dropped); the teacher "
+          f"translated them in {seconds:.0f} s{' (cached earlier)' if cached else ''}, not "
+          "counted in the training time below", flush=True)
+    return kept, info
 
 
 def translate(model, data, sources: list[str], iterations: int, length_beam: int):
@@ -117,7 +213,7 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
     if args.overwrite:
         clear_export_dir(args.export_dir)
     options = {"iterations": args.iterations, "length_beam": args.length_beam,
-               "standardize": data.standardize_tf, "joiner": data.target_joiner}
+               **data.text_options}
     export_nat_translator(model, data.source_vectorizer, data.target_vectorizer,
                           args.export_dir, **options)
     texts = served_inputs(data, raw_texts)
@@ -138,10 +234,12 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
 
 
 def main(argv=None) -> dict:
-    args = parse_args(__doc__.splitlines()[0], DEFAULTS, argv, MODEL_FLAGS, USAGE)
-    for key, default, flag in _UNSUPPORTED:
-        if getattr(args, key, default) != default:
-            sys.exit(f"nat_translation.py: error: {flag} is not supported by this example")
+    args = parse_args(__doc__.splitlines()[0], DEFAULTS, argv, MODEL_FLAGS, USAGE,
+                      unsupported=UNSUPPORTED, script_flags=SCRIPT_FLAGS)
+    if args.teacher is not None and not os.path.isfile(os.path.join(args.teacher,
+                                                                    "metrics.json")):
+        sys.exit(f"nat_translation.py: error: --teacher {args.teacher} holds no finished run "
+                 "of transformer_translation.py (no metrics.json)")
     import_tensorflow_quietly()
     import keras
 
@@ -151,25 +249,33 @@ def main(argv=None) -> dict:
     from keras_attn.viz import plot_history
 
     keras.utils.set_random_seed(args.seed)
-    keras.config.set_dtype_policy(args.precision)
     os.makedirs(args.out, exist_ok=True)
     data, raw = load_and_describe(args)
+    train_pairs, teacher = (distilled_pairs(data, args) if args.teacher is not None
+                            else (data.train, {}))
+    keras.config.set_dtype_policy(args.precision)
 
     model = build_model(data, args)
     check_mask_predict_args(model, args.iterations, args.length_beam, None)  # before training
-    train = make_cmlm_dataset(data, "train", args.batch_size, shuffle=True, seed=args.seed)
+    grouped = not args.pad_to_max
+    train = make_cmlm_dataset(data, train_pairs, args.batch_size, shuffle=True, seed=args.seed,
+                              group_by_length=grouped)
     compile_cmlm(model, optimizer(args, int(train.cardinality())))
-    validation = (make_cmlm_dataset(data, "validation", args.batch_size, seed=args.seed)
+    validation = (make_cmlm_dataset(data, "validation", args.batch_size, seed=args.seed,
+                                    group_by_length=grouped)
                   if data.validation else None)
+    epochs, callbacks = fit_plan(args)
     start = time.perf_counter()
-    history = model.fit(train, validation_data=validation, epochs=args.epochs, shuffle=False,
-                        verbose=2 if os.environ.get("CI") else 1)
+    history = model.fit(train, validation_data=validation, epochs=epochs, shuffle=False,
+                        callbacks=callbacks, verbose=2 if os.environ.get("CI") else 1)
     train_seconds = time.perf_counter() - start
+    budget = callbacks[0].summary() if callbacks else {}
     keras.config.set_dtype_policy("float32")
     model.save(os.path.join(args.out, "model.keras"))
+    save_vocabularies(data, args.out)
 
     pairs = data.test[: args.max_test]
-    rounds = sorted({1, 4, args.iterations})
+    rounds = sorted({1, 2, 4, args.iterations})
     results, samples = {}, None
     for iterations in rounds:
         results[iterations], found = score(model, data, pairs, iterations, args.length_beam)
@@ -177,13 +283,18 @@ def main(argv=None) -> dict:
             samples = found
     bleu_tokens = "characters" if data.target_joiner == "" else "words"
     print(f"test split, {len(pairs)} held-out pairs, length beam {args.length_beam}; "
-          f"{train_seconds:.0f} s of training:")
+          f"{train_seconds:.0f} s of training"
+          + (f" on the teacher's translations (its {teacher['teacher_seconds']:.0f} s of "
+             "translating not counted)" if teacher else "") + ":")
     for iterations in rounds:
         r = results[iterations]
         print(f"  {iterations:2d} Mask-Predict round{'s' if iterations > 1 else ' '}: exact "
               f"match {100 * r['exact_match']:6.2f}%, corpus BLEU {r['bleu']:6.2f} (0-100, "
               f"over {bleu_tokens}), decoded in {r['decode_seconds']:.1f} s")
     print_samples(samples[:5], raw)
+    note = short_run_note(args, DEFAULTS)
+    if note:
+        print(note)
     if history.history:
         plot_history(history, path=os.path.join(args.out, "history.png"),
                      title=f"Mask-Predict translator on {TASK_NAMES[args.task]}: losses and "
@@ -196,7 +307,11 @@ def main(argv=None) -> dict:
         "bleu_tokens": bleu_tokens, "iterations": args.iterations,
         "length_beam": args.length_beam,
         "by_iterations": {str(k): v for k, v in results.items()},
-        "train_seconds": train_seconds, "epochs": args.epochs,
+        "source_unknown_rate": final["source_unknown_rate"],
+        "output_unknown_rate": final["output_unknown_rate"],
+        "train_seconds": train_seconds, **budget, **teacher,
+        "epochs": None if args.time_budget is not None else args.epochs,
+        "data_seconds": args.data_seconds, "data_options": data_options(args, data),
         "epochs_run": len(history.history.get("loss", [])), "precision": args.precision,
         "model_options": {key: getattr(args, key) for key in args.model_options},
         "num_params": int(model.count_params()),

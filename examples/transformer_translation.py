@@ -29,7 +29,8 @@ DEFAULTS = {
     "tatoeba": {"num_examples": None, "epochs": 4, "batch_size": 64, "learning_rate": 1e-3,
                 "out": "runs/transformer_tatoeba", "num_layers": 2, "embed_dim": 128,
                 "num_heads": 4, "ffn_dim": 512, "dropout": 0.1, "max_length": 12,
-                "min_freq": 2, "label_smoothing": 0.0, "warmup_steps": 300,
+                "min_freq": 2, "tokenizer": "sentencepiece", "vocab_size": 4000,
+                "label_smoothing": 0.0, "warmup_steps": 300,
                 "precision": "mixed_bfloat16"},
 }
 
@@ -43,7 +44,8 @@ MODEL_FLAGS = {
 
 USAGE = (
     "python examples/transformer_translation.py --out runs/transformer",
-    "python examples/transformer_translation.py --epochs 2 --num-examples 2000 --out /tmp/tr",
+    ("python examples/transformer_translation.py --epochs 2 --num-examples 2000 --out /tmp/tr"
+     "   # a quick check that everything runs: most translations come out wrong"),
     "python examples/transformer_translation.py --num-layers 1 --embed-dim 32 --out runs/small",
     "python examples/transformer_translation.py --data fra.txt --out runs/transformer_fra",
 )
@@ -61,7 +63,7 @@ def build_model(data, args):
 
 def main(argv=None) -> dict:
     args = parse_args(__doc__.splitlines()[0], DEFAULTS, argv, MODEL_FLAGS, USAGE)
-    return run("transformer", args, build_model)
+    return run("transformer", args, build_model, DEFAULTS)
 
 
 if __name__ == "__main__":

@@ -12,143 +12,20 @@ strings. Everything a run makes goes into `--out`: `metrics.json`, `history.png`
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import time
 from collections.abc import Callable
 
-from example_utils import check_run_dirs, clear_export_dir, import_tensorflow_quietly
+from example_utils import (
+    clear_export_dir,
+    import_tensorflow_quietly,
+    time_budget_callback,
+)
 
-# `keras_attn.data.dates.describe_formats()`, kept here so that `--help` answers at once,
-# without importing TensorFlow (a test checks that the two agree).
-DATES_HELP = """\
-The built-in dates task reads 19 formats of dates from 1950 to 2049
-and writes ISO 8601 dates; here are the formats for 2021-03-03:
-  wednesday, march 3 2021  3/3/21                   03 mar 2021
-  the 3rd of march, 2021   march 3rd, 2021          2021/03/03
-  3 march 2021             mar 3, 2021              wednesday 3 march 2021
-  03.03.2021               03/03/2021               wed, 3 mar 21
-  the third of march 2021  march third, 2021        3rd march 2021
-  03-mar-2021              march 3, '21             wed mar 3 2021
-  2021-3-3
-Slashes are month first (3/4/21 is March 4) unless the year comes first; dots are day
-first (04.03.2021 is March 4); two-digit years 00-49 are 2000-2049, 50-99 are
-1950-1999; upper case is read as lower case. Anything else (other years, day-first
-slashes, other languages, times, impossible dates such as february 30) still gets an
-ISO date. The exported translator's `score` is clearly lower for text that is no date
-at all, but a date just outside the formats (31/12/2021, february 30) can come back
-wrong with a confident score: check the dates you rely on."""
-
-TASK_NAMES = {"dates": "the built-in dates", "tatoeba": "--data/--download"}
-
-
-def _default_text(defaults: dict, key: str) -> str:
-    """`(default: ...)` for an option whose default depends on the task."""
-    values = {task: defaults[task].get(key) for task in defaults}
-    if len(set(map(repr, values.values()))) == 1:
-        return f"(default: {next(iter(values.values()))})"
-    shown = ", ".join(f"{value} for {TASK_NAMES[task]}" for task, value in values.items())
-    return f"(default: {shown})"
-
-
-def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | None = None,
-               usage_examples: tuple[str, ...] = ()) -> argparse.Namespace:
-    """The command line both examples accept.
-
-    Args:
-        description: first line of `--help`.
-        defaults: `{"dates": {...}, "tatoeba": {...}}`, the per-task values of the options
-            left unset on the command line (`--help` shows both).
-        argv: list of arguments. Defaults to `None` (`sys.argv[1:]`).
-        model_flags: `{name: (type, help)}` of the model-size options (`--num-layers`, ...),
-            with their defaults in `defaults`.
-        usage_examples: command lines shown at the end of `--help`.
-
-    Returns:
-        The parsed arguments, every per-task default filled in, `task` set to "dates" or
-        "tatoeba", `model_options` the names of `model_flags`, and `export_dir` resolved
-        (`OUT/saved_model` unless given).
-    """
-    epilog = "examples:\n" + "\n".join(f"  {line}" for line in usage_examples)
-    epilog += "\n\n" + DATES_HELP
-    parser = argparse.ArgumentParser(description=description, epilog=epilog,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None,
-                        help="tab-separated sentence pairs (Tatoeba/Anki export, e.g. fra.txt) "
-                             "(default: the built-in date-normalization task, no download)")
-    parser.add_argument("--download", action="store_true",
-                        help="with no --data: fetch the public English-French pairs instead")
-    parser.add_argument("--num-examples", type=int, default=None,
-                        help="dates to generate, or pairs to read from --data "
-                             + _default_text(defaults, "num_examples").replace("None", "all"))
-    parser.add_argument("--epochs", type=int, default=None,
-                        help="training epochs " + _default_text(defaults, "epochs"))
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="training pairs per step " + _default_text(defaults, "batch_size"))
-    parser.add_argument("--learning-rate", type=float, default=None,
-                        help="peak Adam learning rate, cosine-decayed over the run "
-                             + _default_text(defaults, "learning_rate"))
-    for name, (kind, text) in (model_flags or {}).items():
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                            help=f"{text} {_default_text(defaults, name)}")
-    parser.add_argument("--max-length", type=int, default=None,
-                        help="with --data: longest sentence in tokens; longer pairs are dropped "
-                             + _default_text({"tatoeba": defaults["tatoeba"]}, "max_length"))
-    parser.add_argument("--min-freq", type=int, default=None,
-                        help="with --data: words seen fewer times become [UNK] "
-                             + _default_text({"tatoeba": defaults["tatoeba"]}, "min_freq"))
-    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    parser.add_argument("--out", default=None,
-                        help="directory for everything the run makes: metrics.json, PNGs and "
-                             "the SavedModel " + _default_text(defaults, "out"))
-    parser.add_argument("--export-dir", default=None,
-                        help="SavedModel directory (default: OUT/saved_model)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the results and SavedModel of an earlier run in OUT "
-                             "(default: refuse)")
-    parser.add_argument("--beam-size", type=int, default=1,
-                        help="1 = greedy decoding (default: %(default)s)")
-    parser.add_argument("--strategy", choices=("default", "mirrored", "multi_worker"),
-                        default="default",
-                        help="mirrored: tf.distribute.MirroredStrategy over all devices "
-                             "(two logical CPUs when there is a single CPU); multi_worker: "
-                             "MultiWorkerMirroredStrategy over the cluster in TF_CONFIG (run the "
-                             "same command on every worker; --batch-size is the global batch) "
-                             "(default: %(default)s)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue an interrupted run from OUT/backup (with multi_worker, "
-                             "OUT must be storage that every worker sees)")
-    parser.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"),
-                        default=None, help="Keras dtype policy of training "
-                        + _default_text(defaults, "precision"))
-    parser.add_argument("--label-smoothing", type=float, default=None,
-                        help="mass of each target token spread over the vocabulary in the loss "
-                             + _default_text(defaults, "label_smoothing"))
-    parser.add_argument("--warmup-steps", type=int, default=None,
-                        help="steps of linear learning-rate warm-up before the cosine decay "
-                             + _default_text(defaults, "warmup_steps"))
-    parser.add_argument("--pad-to-max", action="store_true",
-                        help="pad every batch (training and validation) to the longest "
-                             "sentence allowed instead of batching sentences of equal length "
-                             "(slower; for comparison)")
-    parser.add_argument("--max-test", type=int, default=2000,
-                        help="test pairs to decode for the scores (default: %(default)s)")
-    # Testing hook: stop as if killed after this many epochs (the backup survives).
-    parser.add_argument("--interrupt-after", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    task = "dates" if args.data is None and not args.download else "tatoeba"
-    for key, value in defaults[task].items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    args.task = task
-    args.model_options = list(model_flags or {})
-    args.export_dir = args.export_dir or os.path.join(args.out, "saved_model")
-    problem = check_run_dirs(args.out, args.export_dir, args.overwrite)
-    if problem:
-        parser.error(problem)
-    return args
+# parse_args and DATES_HELP are re-exported for the scripts and their tests.
+from translation_args import DATES_HELP, DECAY_FRACTION, TASK_NAMES, parse_args  # noqa: F401
 
 
 def make_strategy(name: str):
@@ -179,18 +56,60 @@ def load_data(args):
 
     if args.task == "dates":
         return load_dates_translation(num_examples=args.num_examples, seed=args.seed)
+    words = args.tokenizer == "word"
     return load_tatoeba(path=args.data, download=args.download, num_examples=args.num_examples,
-                        max_length=args.max_length, seed=args.seed, min_freq=args.min_freq,
-                        validation_fraction=0.02)
+                        max_length=args.max_length, seed=args.seed,
+                        min_freq=args.min_freq if words else None,
+                        validation_fraction=0.02, tokenizer=args.tokenizer,
+                        vocab_size=None if words else args.vocab_size)
 
 
 def load_and_describe(args):
-    """`load_data(args)` and `raw_sources(args)`, with one line describing the splits."""
+    """`load_data(args)` and `raw_sources(args)`, with one line describing the splits; sets
+    `args.data_seconds` (reading the pairs and learning the vocabularies)."""
+    start = time.perf_counter()
     data = load_data(args)
+    args.data_seconds = time.perf_counter() - start
+    unit = {"dates": "tokens", "tatoeba": None}[args.task] or {
+        "word": "words", "sentencepiece": "SentencePiece pieces"}[args.tokenizer]
     print(f"{args.task}: {len(data.train)} train / {len(data.validation)} validation / "
           f"{len(data.test)} test pairs; vocab {data.source_vocab_size} -> "
-          f"{data.target_vocab_size}; lengths {data.source_length} -> {data.target_length}")
+          f"{data.target_vocab_size} {unit}; lengths {data.source_length} -> "
+          f"{data.target_length}; loaded in {args.data_seconds:.1f} s; unknown source tokens "
+          f"in the test split: {100 * data.unknown_rate([s for s, _ in data.test]):.2f}%")
     return data, raw_sources(args)
+
+
+def data_options(args, data) -> dict:
+    """What makes a run's data what it is: its options, vocabulary sizes, and a fingerprint of
+    its training sources (two runs with the same fingerprint trained on the same split)."""
+    import hashlib
+
+    sources = "\n".join(source for source, _ in data.train).encode("utf-8")
+    options = {"task": args.task, "num_examples": args.num_examples, "seed": args.seed}
+    if args.task == "tatoeba":
+        options.update(data=os.path.basename(args.data or "fra.txt"), max_length=args.max_length,
+                       tokenizer=args.tokenizer,
+                       **({"min_freq": args.min_freq} if args.tokenizer == "word" else
+                          {"vocab_size": args.vocab_size}))
+    return {**options, "source_vocab_size": data.source_vocab_size,
+            "target_vocab_size": data.target_vocab_size, "source_length": data.source_length,
+            "target_length": data.target_length,
+            "train_sources_sha1": hashlib.sha1(sources).hexdigest()}
+
+
+def save_vocabularies(data, out: str) -> None:
+    """OUT/vocabulary/{source,target}.txt: the token of every id, one a line (and the
+    SentencePiece models as {source,target}.model)."""
+    folder = os.path.join(out, "vocabulary")
+    os.makedirs(folder, exist_ok=True)
+    for side in ("source", "target"):
+        vectorizer = getattr(data, f"{side}_vectorizer")
+        with open(os.path.join(folder, f"{side}.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(vectorizer.get_vocabulary()) + "\n")
+        if hasattr(vectorizer, "model"):
+            with open(os.path.join(folder, f"{side}.model"), "wb") as f:
+                f.write(vectorizer.model)
 
 
 def raw_sources(args) -> dict[str, str]:
@@ -217,58 +136,64 @@ def raw_sources(args) -> dict[str, str]:
     return sources
 
 
-def translate(model, data, sources: list[str], beam_size: int, return_attention=False):
-    """Decode token-string sources in batches; returns strings (and attention if asked)."""
-    import numpy as np
-
+def translate(model, data, sources: list[str], beam_size: int) -> list[str]:
+    """Decode token-string sources in batches of 256 (greedy when `beam_size` is 1); returns
+    the translations as text (`TranslationData.decode`)."""
     from keras_attn import decoding
 
-    strings, attention = [], []
+    strings = []
     for start in range(0, len(sources), 256):
         ids = data.encode_source(sources[start:start + 256], standardize=False)
         if beam_size == 1:
-            out = decoding.greedy_search(model, ids, data.target_length,
-                                         return_attention=return_attention)
+            tokens = decoding.greedy_search(model, ids, data.target_length)
         else:
-            out = decoding.beam_search(model, ids, data.target_length, beam_size=beam_size,
-                                       return_attention=return_attention)
-        tokens, weights = out if return_attention else (out, None)
+            tokens = decoding.beam_search(model, ids, data.target_length, beam_size=beam_size)
         strings += data.decode(tokens)
-        if return_attention:
-            attention.append(np.asarray(weights))
-    if return_attention:
-        return strings, np.concatenate(attention)
     return strings
 
 
 def held_out_scores(data, pairs, predictions: list[str]) -> dict:
-    """Exact match (a fraction) and corpus BLEU (0-100) of `predictions` for `pairs`.
+    """Exact match (a fraction) and corpus BLEU (0-100) of `predictions` for `pairs`, and how
+    often the inputs and outputs hold `[UNK]`.
 
     BLEU is `keras_attn.metrics.corpus_bleu` times 100, the scale sacrebleu reports, over
-    characters for the dates (whose targets are character tokens) and over words otherwise.
+    characters for the dates (whose targets are character tokens) and over words otherwise
+    (subword outputs are detokenized into words first: BLEU never counts pieces).
+    `source_unknown_rate` is the share of the inputs' tokens the source vocabulary does not
+    know, `output_unknown_rate` the share of output words that are (or hold) `[UNK]`.
     """
     from keras_attn.metrics import corpus_bleu, exact_match
+    from keras_attn.tokens import UNK
 
     references = [data.target_joiner.join(target.split()) for _, target in pairs]
     split = list if data.target_joiner == "" else str.split
     bleu = corpus_bleu([split(p) for p in predictions], [split(r) for r in references])
+    words = [word for p in predictions for word in p.split()]
     return {
         "exact_match": exact_match(predictions, references),
         "bleu": 100.0 * bleu,
         "bleu_scale": "0-100",
         "bleu_tokens": "characters" if data.target_joiner == "" else "words",
         "num_test": len(pairs),
+        "source_unknown_rate": data.unknown_rate([source for source, _ in pairs]),
+        "output_unknown_rate": (sum(UNK in word for word in words) / len(words)
+                                if words else 0.0),
     }
 
 
 def score(model, data, args) -> tuple[dict, list]:
-    """`held_out_scores` of the first `--max-test` test pairs, and `(source, prediction,
-    reference)` for each."""
+    """`held_out_scores` of the first `--max-test` test pairs (with those of the whole
+    validation split under "validation", if there is one), and `(source, prediction,
+    reference)` for each test pair."""
     pairs = data.test[: args.max_test]
     predictions = translate(model, data, [s for s, _ in pairs], args.beam_size)
     references = [data.target_joiner.join(target.split()) for _, target in pairs]
-    return (held_out_scores(data, pairs, predictions),
-            list(zip([s for s, _ in pairs], predictions, references)))
+    metrics = held_out_scores(data, pairs, predictions)
+    if data.validation:  # what tuning reads (the test pairs stay for the final figure)
+        sources = [s for s, _ in data.validation]
+        metrics["validation"] = held_out_scores(
+            data, data.validation, translate(model, data, sources, args.beam_size))
+    return metrics, list(zip([s for s, _ in pairs], predictions, references))
 
 
 def draw_attention(model, data, sources: list[str], out_dir: str,
@@ -279,15 +204,28 @@ def draw_attention(model, data, sources: list[str], out_dir: str,
     its single additive-attention distribution. Each figure is titled with the input as written
     (`raw` maps token strings to it) and the prediction.
     """
+    import numpy as np
+
+    from keras_attn import decoding
+    from keras_attn.tokens import EOS_ID, PAD_ID
     from keras_attn.viz import show_heatmaps
 
     raw = raw or {}
-    predictions, weights = translate(model, data, sources, 1, return_attention=True)
+    source_ids = data.encode_source(sources, standardize=False)  # (N, S)
+    output_ids, weights = decoding.greedy_search(model, source_ids, data.target_length,
+                                                 return_attention=True)  # (N, T), (N, T, ...)
+    output_ids, weights = np.asarray(output_ids), np.asarray(weights)
+    predictions = data.decode(output_ids)
+    # The axes show the model's own tokens: words, characters or subword pieces, [UNK] where
+    # the vocabulary does not know a word.
+    source_vocabulary = data.source_vectorizer.get_vocabulary()
+    target_vocabulary = data.target_vectorizer.get_vocabulary()
     paths = []
     for i, (source, prediction, w) in enumerate(zip(sources, predictions, weights)):
-        source_tokens = source.split()
-        output_tokens = (list(prediction) if data.target_joiner == "" else prediction.split())
-        output_tokens = (output_tokens + ["<eos>"])[: w.shape[0]]
+        source_tokens = [source_vocabulary[t] for t in source_ids[i] if t != PAD_ID]
+        ids = output_ids[i].tolist()
+        ids = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
+        output_tokens = ([target_vocabulary[t] for t in ids] + ["<eos>"])[: w.shape[0]]
         steps, keys = len(output_tokens), max(len(source_tokens), 1)
         if w.ndim == 4:  # (T_out, layers, heads, S): last layer, one panel per head
             num_layers = w.shape[1]
@@ -369,7 +307,7 @@ def serve_and_compare(export_dir: str, texts, in_python: dict, data, score_help:
                    for key in ("translation", "truncated"))
                and bool(np.allclose(served["score"], in_python["score"], atol=1e-4)))
     print(f"exported to {export_dir}/; its `translate` signature, served with TensorFlow "
-          "alone:")
+          + ("alone:" if data.word_start is None else "and tensorflow-text:"))
     rows = [(text.decode(), translation.decode(),
              f"score {value:7.3f}" + ("  truncated" if truncated else ""))
             for text, translation, value, truncated in zip(
@@ -379,6 +317,7 @@ def serve_and_compare(export_dir: str, texts, in_python: dict, data, score_help:
     print(f"  {score_help};\n"
           f"  truncated: the input had more than {data.source_length} tokens. "
           f"Same outputs as translating in Python: {matches}")
+    print(serving_note(data))
     return matches
 
 
@@ -391,12 +330,11 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
         clear_export_dir(args.export_dir)
     export_translator(model, data.source_vectorizer, data.target_vectorizer, args.export_dir,
                       max_length=data.target_length, beam_size=args.beam_size,
-                      standardize=data.standardize_tf, joiner=data.target_joiner)
+                      **data.text_options)
     texts = served_inputs(data, raw_texts)
     in_python = make_translate_fn(model, data.source_vectorizer,
                                   data.target_vectorizer.get_vocabulary(), data.target_length,
-                                  args.beam_size, standardize=data.standardize_tf,
-                                  joiner=data.target_joiner)(texts)
+                                  args.beam_size, **data.text_options)(texts)
     matches = serve_and_compare(
         args.export_dir, texts, in_python, data,
         "score: length-normalised log-probability (0 = sure, lower = less sure, -inf = "
@@ -404,12 +342,28 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
     return {"export_dir": args.export_dir, "export_matches_python": matches}
 
 
+def serving_note(data) -> str:
+    """What a consumer of this run's SavedModel needs besides TensorFlow."""
+    if data.word_start is None:
+        return "  serving needs TensorFlow alone"
+    return ("  serving needs TensorFlow and tensorflow-text: `import tensorflow_text` before "
+            "`tf.saved_model.load` (its SentencePiece op is in the graph)")
+
+
+# With --time-budget the budget ends training; this only bounds Keras' epoch loop.
+MAX_EPOCHS = 100_000
+
+
+
 def optimizer(args, steps_per_epoch: int):
     """Adam with gradient clipping, a linear warm-up of `args.warmup_steps` to
     `args.learning_rate`, then a cosine decay to 2% of it at the end of `args.epochs` epochs of
-    `steps_per_epoch` steps (the training dataset's `cardinality()`)."""
+    `steps_per_epoch` steps (the training dataset's `cardinality()`); with `--time-budget`,
+    the same shape over the budget's seconds, set every step by `fit_plan`'s callback."""
     import keras
 
+    if args.time_budget is not None:
+        return keras.optimizers.Adam(args.learning_rate, clipnorm=1.0)
     steps = args.epochs * steps_per_epoch
     if not 0 <= args.warmup_steps < steps:
         raise ValueError(
@@ -421,6 +375,36 @@ def optimizer(args, steps_per_epoch: int):
         0.0 if warmup else args.learning_rate, steps - warmup, alpha=0.02,
         warmup_target=args.learning_rate if warmup else None, warmup_steps=warmup)
     return keras.optimizers.Adam(learning_rate, clipnorm=1.0)
+
+
+def fit_plan(args) -> tuple[int, list]:
+    """`(epochs, callbacks)` of `model.fit`: `args.epochs` and no callback, or with
+    `--time-budget` `MAX_EPOCHS` and the callback that fits the learning rate to the budget and
+    stops training (`example_utils.time_budget_callback`; its `summary()` after `fit`)."""
+    if args.time_budget is None:
+        return args.epochs, []
+    print(f"training for {args.time_budget:g} s (--time-budget): the learning rate warms up "
+          f"over {args.warmup_steps} steps, stays at {args.learning_rate:g}, and decays over "
+          f"the last {100 * DECAY_FRACTION:.0f}% of the time; the epoch count Keras shows is "
+          "only an upper bound")
+    return MAX_EPOCHS, [time_budget_callback(args.time_budget, args.learning_rate,
+                                             args.warmup_steps, DECAY_FRACTION)]
+
+
+def short_run_note(args, defaults: dict) -> str | None:
+    """A warning for runs much shorter than the defaults (smoke tests), whose translations are
+    mostly wrong, or None."""
+    task_defaults = defaults[args.task]
+    shorter = []
+    if args.time_budget is None and args.epochs < task_defaults["epochs"]:
+        shorter.append(f"{args.epochs} epochs (default {task_defaults['epochs']})")
+    if (args.num_examples or 10**9) < (task_defaults["num_examples"] or 10**9):
+        shorter.append(f"{args.num_examples} examples (default "
+                       f"{task_defaults['num_examples'] or 'all'})")
+    if not shorter:
+        return None
+    return ("note: a short run (" + ", ".join(shorter) + ") checks that everything works; "
+            "its translations are expected to be mostly wrong")
 
 
 def compile_translator(model, args, steps_per_epoch: int) -> None:
@@ -441,8 +425,9 @@ def training_dataset(data, args):
                              group_by_length=not args.pad_to_max)
 
 
-def run(name: str, args, build_model: Callable) -> dict:
-    """Train, score, draw, export; returns the metrics written to OUT/metrics.json."""
+def run(name: str, args, build_model: Callable, defaults: dict | None = None) -> dict:
+    """Train, score, draw, export; returns the metrics written to OUT/metrics.json (`defaults`
+    of the script: a short run says its translations are not meant to be right)."""
     import_tensorflow_quietly()
     strategy = make_strategy(args.strategy)
     import keras
@@ -471,7 +456,8 @@ def run(name: str, args, build_model: Callable) -> dict:
     with strategy.scope():
         model = build_model(data, args)
         compile_translator(model, args, int(train.cardinality()))
-    callbacks = [WorkerBackupAndRestore(backup, strategy)]
+    epochs, callbacks = fit_plan(args)
+    callbacks.append(WorkerBackupAndRestore(backup, strategy))
     if args.interrupt_after is not None:
         callbacks.append(_Interrupt(args.interrupt_after))
     if args.strategy == "multi_worker":  # each worker keeps its slice of every global batch
@@ -479,17 +465,22 @@ def run(name: str, args, build_model: Callable) -> dict:
         validation = shard_by_data(validation) if validation is not None else None
     start = time.perf_counter()
     # The dataset shuffles itself; shuffle=False tells Keras so (it warns otherwise).
-    history = model.fit(train, validation_data=validation, epochs=args.epochs, shuffle=False,
+    history = model.fit(train, validation_data=validation, epochs=epochs, shuffle=False,
                         callbacks=callbacks, verbose=2 if os.environ.get("CI") else 1)
     train_seconds = time.perf_counter() - start
+    budget = callbacks[0].summary() if args.time_budget is not None else {}
     keras.config.set_dtype_policy("float32")
     if not chief:  # the chief scores, draws and exports the same weights
         print("training done; the chief writes metrics, plots and the export")
         return {"epochs_run": len(history.history.get("loss", [])), "chief": False}
 
     model.save(os.path.join(args.out, "model.keras"))
+    save_vocabularies(data, args.out)
     metrics, samples = score(model, data, args)
-    metrics.update(train_seconds=train_seconds, epochs=args.epochs, task=args.task,
+    metrics.update(train_seconds=train_seconds,
+                   epochs=None if args.time_budget is not None else args.epochs,
+                   task=args.task, **budget, data_seconds=args.data_seconds,
+                   data_options=data_options(args, data),
                    epochs_run=len(history.history.get("loss", [])),
                    model=name, precision=args.precision, strategy=args.strategy,
                    model_options={key: getattr(args, key) for key in args.model_options},
@@ -498,8 +489,19 @@ def run(name: str, args, build_model: Callable) -> dict:
     correct = round(metrics["exact_match"] * metrics["num_test"])
     print(f"test exact match {100 * metrics['exact_match']:.2f}% ({correct} of "
           f"{metrics['num_test']} held-out pairs), corpus BLEU {metrics['bleu']:.2f} "
-          f"(0-100, over {metrics['bleu_tokens']}); {train_seconds:.0f} s of training")
+          f"(0-100, over {metrics['bleu_tokens']}); {train_seconds:.0f} s of training"
+          + (f" ({budget['trained_s']:.0f} s counted against the budget, "
+             f"{budget['steps']} steps)" if budget else ""))
+    if "validation" in metrics:
+        print(f"validation BLEU {metrics['validation']['bleu']:.2f}, exact match "
+              f"{100 * metrics['validation']['exact_match']:.2f}% "
+              f"({metrics['validation']['num_test']} pairs)")
+    print(f"unknown tokens: {100 * metrics['source_unknown_rate']:.2f}% of the test inputs' "
+          f"tokens, {100 * metrics['output_unknown_rate']:.2f}% of the output words")
     print_samples(samples[:5], raw)
+    note = short_run_note(args, defaults) if defaults else None
+    if note:
+        print(note)
 
     draw_attention(model, data, [s for s, _, _ in samples[:3]], args.out, raw)
     if history.history:

@@ -3,8 +3,11 @@
 The exported graph holds the whole path from text to text: the source standardization
 (`tf.strings` ops), the source vocabulary lookup, the encoder, the compiled decoding loop over
 the static key/value cache, and the detokenization. A consumer loads it with
-`tf.saved_model.load(path)` and needs neither keras_attn nor Keras:
+`tf.saved_model.load(path)` and needs neither keras_attn nor Keras; a translator with
+subword vocabularies (`keras_attn.data.subwords.SentencePieceVectorizer`) holds tensorflow-text's
+SentencePiece op, which `import tensorflow_text` registers before the load:
 
+    import tensorflow_text  # only for subword vocabularies
     translator = tf.saved_model.load("runs/transformer/saved_model")
     out = translator.signatures["translate"](text=tf.constant(["march 3rd, 2021"]))
     out["translation"], out["score"], out["truncated"]
@@ -12,7 +15,8 @@ the static key/value cache, and the detokenization. A consumer loads it with
 Two signatures are written:
 
 - `translate`: `text` (tf.string, `[None]`) → a dict of three `[None]` tensors:
-    - `translation` (tf.string): the output tokens joined by `joiner`.
+    - `translation` (tf.string): the output tokens joined by `joiner` (subword pieces:
+      detokenized into words separated by single spaces).
     - `score` (float32): how sure the model is of that translation, the log-probability of
       its tokens (`<eos>` included) divided by GNMT's length normaliser
       `((5 + |Y|) / 6) ** length_penalty`, the quantity beam search ranks by. It is at most 0
@@ -21,8 +25,10 @@ Two signatures are written:
       distribution, so a consumer can flag or reject outputs under a threshold chosen on
       held-out data. It is the model's confidence, not a check of the input: input close to
       the training data but outside it (an impossible date) can get a confident, wrong
-      translation. An input with no tokens (empty or whitespace only) gets the empty
-      translation and the score `-inf`: there is nothing to translate.
+      translation. An input with no tokens (empty, or only whitespace of any kind: Unicode's
+      spaces such as U+00A0, U+2003 and U+3000, line separators; `WHITESPACE` of
+      `keras_attn.data.translation`) gets the empty translation and the score `-inf`: there
+      is nothing to translate.
     - `truncated` (bool): True when the input has more tokens (after standardization) than the
       model's source length `Ls`; the translation is then of the first `Ls` tokens only, so
       the flag must be checked.
@@ -43,6 +49,8 @@ import tensorflow as tf
 
 from keras_attn import decoding
 from keras_attn._checks import check_number, check_positive_int
+from keras_attn.data.subwords import SentencePieceVectorizer, detokenize_tf
+from keras_attn.data.translation import WHITESPACE
 from keras_attn.decoding.mask_predict import check_mask_predict_args
 from keras_attn.tokens import FIRST_WORD_ID, UNK_ID
 
@@ -51,9 +59,12 @@ _SPLITS = ("whitespace", "character")
 
 
 def _check_vectorizer(name: str, vectorizer) -> None:
+    if isinstance(vectorizer, SentencePieceVectorizer):
+        return  # a fixed length, and it counts its own pieces
     if not isinstance(vectorizer, keras.layers.TextVectorization):
         raise ValueError(  # noqa: TRY004 (the project raises ValueError for bad arguments)
-            f"Argument `{name}` must be a keras.layers.TextVectorization. "
+            f"Argument `{name}` must be a keras.layers.TextVectorization or a "
+            "keras_attn.data.subwords.SentencePieceVectorizer. "
             f"Received: {name}={vectorizer!r}"
         )
     config = vectorizer.get_config()
@@ -73,8 +84,25 @@ def _check_vectorizer(name: str, vectorizer) -> None:
         )
 
 
-def _count_tokens(tokens: tf.Tensor, split: str) -> tf.Tensor:
+def _check_word_start(word_start, joiner) -> None:
+    if word_start is None:
+        return
+    if not isinstance(word_start, str) or not word_start:
+        raise ValueError(
+            "Received an invalid value for argument `word_start`, expected a non-empty string "
+            f"(SentencePiece's '\u2581') or None. Received: word_start={word_start!r}")
+    if joiner != " ":
+        raise ValueError(
+            "Argument `joiner` must be ' ' with `word_start`: subword pieces are concatenated "
+            "and their word-start markers become the spaces between words. Received: "
+            f"joiner={joiner!r}, word_start={word_start!r}")
+
+
+def _count_tokens(vectorizer, tokens: tf.Tensor) -> tf.Tensor:
     """Number of tokens the source vectorizer sees in each string of `tokens` `(B,)`."""
+    if isinstance(vectorizer, SentencePieceVectorizer):
+        return vectorizer.count_tokens(tokens)
+    split = vectorizer.get_config()["split"]
     if split == "character":
         return tf.cast(tf.strings.length(tokens, unit="UTF8_CHAR"), "int32")
     return tf.cast(tf.strings.split(tokens).row_lengths(), "int32")  # whitespace runs
@@ -86,25 +114,32 @@ def _text_fn(
     decode: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]],
     standardize: Callable[[tf.Tensor], tf.Tensor] | None,
     joiner: str,
+    word_start: str | None = None,
 ) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     """Text in, text out around `decode(source_ids (B, Ls)) -> (ids (B, T), scores (B,))`,
     whose ids are tokens, then `<eos>`, then padding: the `translate` signature's function."""
-    config = source_vectorizer.get_config()
-    source_length, split = config["output_sequence_length"], config["split"]
+    _check_word_start(word_start, joiner)
+    source_length = source_vectorizer.get_config()["output_sequence_length"]
     vocabulary = tf.constant(list(target_vocabulary))
 
     def translate(text: tf.Tensor) -> dict[str, tf.Tensor]:
         tokens = standardize(text) if standardize is not None else text
-        num_tokens = _count_tokens(tokens, split)  # (B,)
+        num_tokens = _count_tokens(source_vectorizer, tokens)  # (B,)
         source_ids = tf.cast(source_vectorizer(tokens), "int32")  # (B, Ls), PAD_ID = padding
         ids, scores = decode(source_ids)
         ids = tf.cast(ids, "int32")  # (B, T): tokens, <eos>, then padding
         words = tf.gather(vocabulary, ids)  # (B, T) strings
         # Words and [UNK] are kept; padding, <bos> and <eos> are dropped.
         keep = tf.logical_or(ids >= FIRST_WORD_ID, tf.equal(ids, UNK_ID))
-        translation = tf.strings.reduce_join(tf.ragged.boolean_mask(words, keep), axis=-1,
-                                             separator=joiner)  # (B,)
-        empty = tf.equal(num_tokens, 0)  # (B,): nothing to translate
+        kept = tf.ragged.boolean_mask(words, keep)  # (B, None)
+        if word_start is None:
+            translation = tf.strings.reduce_join(kept, axis=-1, separator=joiner)  # (B,)
+        else:  # subword pieces: concatenated, each word-start marker a space
+            translation = detokenize_tf(tf.strings.reduce_join(kept, axis=-1), word_start)
+        # (B,): nothing to translate: no token, or only whitespace (Unicode's, whatever the
+        # standardization makes of it)
+        empty = tf.logical_or(tf.equal(num_tokens, 0),
+                              tf.strings.regex_full_match(text, f"[{WHITESPACE}]*"))
         return {
             "translation": tf.where(empty, tf.constant(""), translation),
             "score": tf.where(empty, tf.constant(float("-inf")), tf.cast(scores, "float32")),
@@ -117,8 +152,8 @@ def _text_fn(
 def _write_archive(path: str, model: keras.Model, source_vectorizer, translate: Callable,
                    serve: Callable, serve_signature: list) -> str:
     """A SavedModel at `path` with the `translate` (text) and `serve` (ids) endpoints."""
-    if not source_vectorizer.built:  # a vectorizer never called yet cannot be tracked
-        source_vectorizer(tf.constant([""]))
+    if not getattr(source_vectorizer, "built", True):  # a layer never called yet cannot be
+        source_vectorizer(tf.constant([""]))  # tracked (a SentencePieceVectorizer always can)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(source_vectorizer)
@@ -141,6 +176,7 @@ def make_translate_fn(
     length_penalty: float = 0.6,
     standardize: Callable[[tf.Tensor], tf.Tensor] | None = None,
     joiner: str = " ",
+    word_start: str | None = None,
 ) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     """The graph function behind the exported `translate` signature.
 
@@ -164,7 +200,8 @@ def make_translate_fn(
         return decoding.beam_search(model, source_ids, max_length, beam_size=beam_size,
                                     length_penalty=length_penalty, return_scores=True)
 
-    return _text_fn(source_vectorizer, target_vocabulary, decode, standardize, joiner)
+    return _text_fn(source_vectorizer, target_vocabulary, decode, standardize, joiner,
+                    word_start)
 
 
 def export_translator(
@@ -177,6 +214,7 @@ def export_translator(
     length_penalty: float = 0.6,
     standardize: Callable[[tf.Tensor], tf.Tensor] | None = None,
     joiner: str = " ",
+    word_start: str | None = None,
 ) -> str:
     """Write a SavedModel with a raw-string `translate` signature and a `serve` signature.
 
@@ -184,8 +222,11 @@ def export_translator(
         model: a seq2seq model from `keras_attn.models` (layers named "encoder" and "decoder").
         source_vectorizer: the source `TextVectorization` (fixed output length `Ls`,
             `standardize=None`, `split="whitespace"` or `"character"`, as
-            `keras_attn.data.build_vectorizer` makes them).
-        target_vectorizer: the target `TextVectorization`; its vocabulary detokenizes.
+            `keras_attn.data.build_vectorizer` makes them) or
+            `keras_attn.data.subwords.SentencePieceVectorizer` (subword pieces; the SavedModel
+            then holds tensorflow-text ops: serving needs `import tensorflow_text`).
+        target_vectorizer: the target `TextVectorization` or `SentencePieceVectorizer`; its
+            vocabulary detokenizes.
         path: str, the SavedModel directory to write.
         max_length: int, most tokens to generate. Defaults to the target vectorizer's
             output length.
@@ -198,6 +239,11 @@ def export_translator(
             is already tokens).
         joiner: str placed between output tokens: `" "` for words, `""` for characters.
             Defaults to `" "`.
+        word_start: str, the marker that starts a word in subword pieces
+            (`keras_attn.data.subwords.WORD_START` for SentencePiece; `joiner` must be `" "`):
+            the output pieces are concatenated and each marker becomes a space. Defaults to
+            `None` (the tokens are words or characters). `TranslationData.text_options` holds
+            `standardize`, `joiner` and `word_start` of a data set.
 
     Returns:
         `path`.
@@ -216,7 +262,7 @@ def export_translator(
     source_length = source_vectorizer.get_config()["output_sequence_length"]
     translate = make_translate_fn(
         model, source_vectorizer, target_vectorizer.get_vocabulary(), max_length, beam_size,
-        length_penalty, standardize, joiner,
+        length_penalty, standardize, joiner, word_start,
     )
 
     return _write_archive(
@@ -240,6 +286,7 @@ def make_nat_translate_fn(
     standardize: Callable[[tf.Tensor], tf.Tensor] | None = None,
     joiner: str = " ",
     length_beam: int = 1,
+    word_start: str | None = None,
 ) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     """The graph function behind the `translate` signature of `export_nat_translator`.
 
@@ -258,7 +305,8 @@ def make_nat_translate_fn(
         return decoding.mask_predict(model, source_ids, iterations, length_beam=length_beam,
                                      max_length=max_length)
 
-    return _text_fn(source_vectorizer, target_vocabulary, decode, standardize, joiner)
+    return _text_fn(source_vectorizer, target_vocabulary, decode, standardize, joiner,
+                    word_start)
 
 
 def export_nat_translator(
@@ -271,6 +319,7 @@ def export_nat_translator(
     standardize: Callable[[tf.Tensor], tf.Tensor] | None = None,
     joiner: str = " ",
     length_beam: int = 1,
+    word_start: str | None = None,
 ) -> str:
     """Write a SavedModel of a non-autoregressive (`nat_seq2seq`) translator.
 
@@ -295,6 +344,8 @@ def export_nat_translator(
         joiner: str placed between output tokens. Defaults to `" "`.
         length_beam: int >= 1, candidate lengths decoded per input; the one with the best
             mean log-probability is served. Defaults to `1`.
+        word_start: str, the word-start marker of subword pieces (as for
+            `export_translator`). Defaults to `None`.
 
     Returns:
         `export_dir`.
@@ -310,7 +361,7 @@ def export_nat_translator(
     _check_vectorizer("target_vectorizer", target_vectorizer)
     translate = make_nat_translate_fn(
         model, source_vectorizer, target_vectorizer.get_vocabulary(), max_length, iterations,
-        standardize, joiner, length_beam,
+        standardize, joiner, length_beam, word_start,
     )
     source_length = source_vectorizer.get_config()["output_sequence_length"]
     target_length = int(model.get_layer("length_predictor").max_length)

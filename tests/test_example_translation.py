@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from translation_fixtures import write_pairs_file
 
 pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
 
@@ -123,24 +124,6 @@ def test_a_run_never_replaces_an_earlier_run(tmp_path):
     assert (notes / "todo.txt").read_text() == "keep me"
 
 
-SUBJECTS = [("i am", "je suis"), ("you are", "tu es"), ("he is", "il est"),
-            ("we are", "nous sommes"), ("they are", "ils sont"), ("she is", "elle est")]
-ADJECTIVES = [("tall", "grand"), ("cold", "froid"), ("happy", "heureux"), ("tired", "fatigué"),
-              ("late", "en retard"), ("ready", "prêt"), ("sick", "malade"), ("busy", "occupé")]
-
-
-def write_pairs_file(path):
-    """A small English–French export in the Tatoeba/Anki format, with some malformed lines."""
-    lines = []
-    for (en_s, fr_s) in SUBJECTS:
-        for (en_a, fr_a) in ADJECTIVES:
-            lines.append(f"{en_s.capitalize()} {en_a}.\t{fr_s.capitalize()} {fr_a}.\tCC-BY 2.0")
-            lines.append(f"{en_s.capitalize()} not {en_a}!\t{fr_s.capitalize()} pas {fr_a}\u202f!")
-    lines += ["no tab on this line", "\tempty English side", ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
-
-
 def test_transformer_dates_smoke(tmp_path):
     """Default export inside OUT, model size from the command line, a console that shows the
     inputs as written and BLEU on the 0-100 scale, without TensorFlow noise."""
@@ -168,14 +151,61 @@ def test_transformer_dates_smoke(tmp_path):
 
 def test_bahdanau_pairs_smoke(tmp_path):
     pairs = write_pairs_file(tmp_path / "fra.txt")
-    result, out = run_example("bahdanau_translation.py", tmp_path, *SMOKE, "--data", str(pairs),
-                              "--units", "16", "--embed-dim", "8")
+    smoke = [arg for arg in SMOKE if arg not in ("--epochs", "1")]
+    result, out = run_example("bahdanau_translation.py", tmp_path, *smoke, "--data", str(pairs),
+                              "--units", "16", "--embed-dim", "8", "--tokenizer", "word",
+                              "--time-budget", "20")
     metrics = check_outputs(out)
-    assert metrics["epochs_run"] == 1 and metrics["task"] == "tatoeba"
+    assert metrics["data_options"]["tokenizer"] == "word"
+    assert 0 <= metrics["source_unknown_rate"] < 0.5
+    # Training stopped at the first step past the budget (the first step, which traces the
+    # training function, can take most of it on a busy machine).
+    assert metrics["budget_spent"] is True and metrics["epochs"] is None
+    assert 20 <= metrics["trained_s"] < 60 and metrics["steps"] >= 1
+    assert "training for 20 s (--time-budget)" in result.stdout
+    assert metrics["epochs_run"] >= 1 and metrics["task"] == "tatoeba"
     assert metrics["model_options"]["units"] == 16 and metrics["bleu_tokens"] == "words"
     written = {line.split("\t")[0] for line in pairs.read_text(encoding="utf-8").splitlines()}
     shown = sample_inputs(result.stdout)
     assert len(shown) == 5 and set(shown) <= written, shown  # 'I am tall.', not 'i am tall .'
+
+
+def test_subword_teacher_and_distilled_nat_on_pairs(tmp_path):
+    """SentencePiece vocabularies through the whole example (metrics, saved vocabularies, an
+    export that serves words), then a NAT trained on that run's beam translations; a student
+    with other data options is refused."""
+    pairs = write_pairs_file(tmp_path / "fra.txt")
+    data = ["--data", str(pairs), "--tokenizer", "sentencepiece", "--vocab-size", "40",
+            "--max-test", "20", "--batch-size", "16", "--warmup-steps", "10"]
+    size = ["--num-layers", "1", "--embed-dim", "32", "--num-heads", "2", "--ffn-dim", "64"]
+    result, teacher = run_example("transformer_translation.py", tmp_path, *data, *size,
+                                  "--epochs", "12", out=tmp_path / "teacher")
+    metrics = check_outputs(teacher)
+    assert metrics["data_options"]["tokenizer"] == "sentencepiece"
+    assert metrics["data_options"]["source_vocab_size"] == 40
+    assert metrics["source_unknown_rate"] == 0.0 and metrics["bleu_tokens"] == "words"
+    assert (teacher / "vocabulary" / "target.model").stat().st_size > 100
+    vocabulary = (teacher / "vocabulary" / "target.txt").read_text(encoding="utf-8").split("\n")
+    assert vocabulary[1:4] == ["[UNK]", "<bos>", "<eos>"] and len(vocabulary) == 41
+    assert "serving needs TensorFlow and tensorflow-text" in result.stdout
+    assert "\u2581" not in result.stdout.split("sample test translations")[1]
+
+    other, out = run_example("nat_translation.py", tmp_path, *data[:4], "--vocab-size", "50",
+                             "--teacher", str(teacher), check=False)
+    assert other.returncode != 0 and "vocab_size 40 there, 50 here" in other.stderr
+    # One epoch of however many distilled pairs the teacher's outputs leave: a short warm-up.
+    result, out = run_example("nat_translation.py", tmp_path, *data[:-2], "--warmup-steps", "2",
+                              *size, "--epochs", "1",
+                              "--teacher", str(teacher), "--teacher-beam", "2",
+                              out=tmp_path / "student")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["teacher"] == str(teacher) and metrics["teacher_beam"] == 2
+    assert metrics["teacher_seconds"] > 0 and metrics["teacher_cached"] is False
+    assert metrics["distilled_pairs"] + metrics["teacher_outputs_dropped"] == len(
+        json.loads((teacher / "distilled_train_beam2.json").read_text())["translations"])
+    assert metrics["export_matches_python"] is True
+    assert set(metrics["by_iterations"]) == {"1", "2", "4", "10"}
+    assert "translating not counted" in result.stdout
 
 
 def sample_inputs(stdout):
@@ -217,17 +247,90 @@ def test_bahdanau_default_run_learns_dates(tmp_path):
     assert metrics["exact_match"] >= 0.95, metrics
 
 
-def test_nat_help_and_the_options_it_refuses(tmp_path):
+def test_nat_help_lists_only_what_it_runs_and_refuses_the_rest(tmp_path):
     text = help_text("nat_translation.py")
     for expected in ("--iterations ITERATIONS", "--length-beam LENGTH_BEAM",
                      "(default: 1 for the built-in dates, 3 for --data/--download)",
-                     "examples: python examples/nat_translation.py --out runs/nat"):
+                     "--teacher TEACHER", "--teacher-beam TEACHER_BEAM", "--time-budget SECONDS",
+                     "--pad-to-max", "--tokenizer {word,sentencepiece}",
+                     "examples: python examples/nat_translation.py --out runs/nat",
+                     "a quick check that everything runs: most translations come out wrong"):
         assert expected in text, expected
-    for flag in (["--beam-size", "4"], ["--label-smoothing", "0.1"], ["--pad-to-max"],
-                 ["--strategy", "mirrored"]):
+    refused = (["--beam-size", "4"], ["--label-smoothing", "0.1"], ["--strategy", "mirrored"],
+               ["--resume"])
+    for flag in refused:
+        assert flag[0] + " " not in text  # not offered ...
         result, out = run_example("nat_translation.py", tmp_path, *flag, check=False)
-        assert result.returncode != 0 and flag[0] in result.stderr, result.stderr[-500:]
+        assert result.returncode == 2, result.stderr[-500:]  # ... and refused by name
+        assert f"error: {flag[0]} is not" in result.stderr, result.stderr[-500:]
         assert not out.exists()  # refused before anything was made
+    result, out = run_example("nat_translation.py", tmp_path, "--teacher", str(tmp_path),
+                              check=False)
+    assert result.returncode != 0 and "no finished run" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("script", ["transformer_translation.py", "nat_translation.py"])
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "0"], "--epochs must be at least 1. Received: --epochs 0"),
+    (["--time-budget", "0"], "--time-budget must be a positive number of seconds"),
+    (["--time-budget", "60", "--epochs", "3"], "--epochs cannot be combined with --time-budget"),
+    (["--tokenizer", "sentencepiece"], "--tokenizer applies to sentence pairs"),
+    (["--data", "x.txt", "--tokenizer", "word", "--vocab-size", "100"],
+     "--vocab-size applies to --tokenizer sentencepiece"),
+    (["--data", "x.txt", "--tokenizer", "sentencepiece", "--min-freq", "3"],
+     "--min-freq applies to --tokenizer word"),
+])
+def test_options_that_cannot_run_are_refused_by_name(script, args, message, tmp_path):
+    """Before anything runs: e.g. `--epochs 0` names --epochs (not --warmup-steps)."""
+    result, out = run_example(script, tmp_path, *args, check=False)
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-800:]
+    assert "warmup" not in result.stderr.split("error:")[1] and not out.exists()
+
+
+def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
+    """The learning rate warms up over the steps, stays at its peak, then decays linearly over
+    the last 30% of the training time (validation passes not counted) to 2% at the budget,
+    where training stops."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from example_utils import time_budget_callback
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    import time
+
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    class Model:
+        stop_training = False
+
+        class optimizer:
+            learning_rate = None
+
+    callback = time_budget_callback(60.0, 1e-3, warmup_steps=4)
+    callback.set_model(Model)
+    callback.on_train_begin()
+    rates, step = [], 0
+    while not Model.stop_training:
+        callback.on_train_batch_begin(step)
+        rates.append(Model.optimizer.learning_rate)
+        clock[0] += 2.0  # every step takes 2 s
+        callback.on_train_batch_end(step)
+        step += 1
+        if step == 10:  # a validation pass of 50 s between epochs is not training time
+            callback.on_test_begin()
+            clock[0] += 50.0
+            callback.on_test_end()
+    callback.on_train_end()
+    assert rates[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert rates[4:22] == pytest.approx([1e-3] * 18)  # the peak until 42 s of 60
+    # then 1e-3 (1 - 0.98 (t - 42) / 18) at the t = 2 * step seconds trained
+    assert rates[22:] == pytest.approx([1e-3 * (1 - 0.98 * (2 * i - 42) / 18)
+                                        for i in range(22, 30)])
+    assert len(rates) == 30 and callback.summary() == {
+        "time_budget_s": 60.0, "trained_s": 60.0, "steps": 30, "budget_spent": True,
+        "warmup_steps_done": 4}
 
 
 def test_warmup_longer_than_the_run_is_refused(tmp_path):

@@ -4,6 +4,7 @@ alone; empty and over-long inputs are never passed off as ordinary translations.
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import tensorflow as tf
 
 from keras_attn import decoding
 from keras_attn.data.dates import load_dates, load_dates_translation
+from keras_attn.data.translation import WHITESPACE
 from keras_attn.export import export_translator, make_translate_fn
 from keras_attn.metrics import MaskedSequenceLoss
 from keras_attn.models import bahdanau_seq2seq, transformer_seq2seq
@@ -23,15 +25,21 @@ pytestmark = pytest.mark.tf_only  # SavedModels
 
 # Loads the SavedModel in a fresh interpreter where keras_attn and Keras cannot be imported.
 SERVE_SCRIPT = """
-import json, sys
+import importlib.util, json, os, sys
 sys.modules["keras_attn"] = None
 sys.modules["keras"] = None
 import tensorflow as tf
+if sys.argv[3] == "sentencepiece_op":  # tensorflow-text's op, without importing the package
+    folder = os.path.dirname(importlib.util.find_spec("tensorflow_text").origin)
+    tf.load_op_library(os.path.join(folder, "python", "ops", "_sentencepiece_tokenizer.so"))
 translator = tf.saved_model.load(sys.argv[1])
 texts = json.loads(sys.argv[2])
 out = translator.signatures["translate"](text=tf.constant(texts, tf.string))
-ids = tf.constant([[5, 6, 7] + [0] * 8], tf.int32)
-logits = translator.signatures["serve"](source_ids=ids, target_in_ids=ids)["logits"]
+serve = translator.signatures["serve"]
+lengths = {name: spec.shape[1] for name, spec in serve.structured_input_signature[1].items()}
+ids = {name: tf.constant([[5, 6, 7] + [0] * (length - 3)], tf.int32)
+       for name, length in lengths.items()}
+logits = serve(**ids)["logits"]
 print(json.dumps({"translations": [t.decode() for t in out["translation"].numpy()],
                   "scores": [float(s) for s in out["score"].numpy()],
                   "truncated": [bool(t) for t in out["truncated"].numpy()],
@@ -49,12 +57,18 @@ ODD_INPUTS = [
 IN_DISTRIBUTION = ["saturday, march 3 2021", "3/3/21", "the 3rd of march, 2021"]
 
 
-def serve_without_keras(path, texts, cwd):
+def serve_without_keras(path, texts, cwd, ops="none", check=True):
+    """Serves `texts` with the SavedModel at `path` in a fresh interpreter that cannot import
+    keras_attn or Keras; `ops="sentencepiece_op"` first registers tensorflow-text's
+    SentencePiece op (`tf.load_op_library`). Returns the outputs, or the completed process
+    when `check=False`."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
-        [sys.executable, "-c", SERVE_SCRIPT, path, json.dumps(texts)],
+        [sys.executable, "-c", SERVE_SCRIPT, path, json.dumps(texts), ops],
         capture_output=True, text=True, timeout=300, env=env, cwd=str(cwd), check=False,
     )
+    if not check:
+        return result
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -214,3 +228,94 @@ def test_export_rejects_bad_arguments(dates, tmp_path):
     with pytest.raises(ValueError, match="source_vectorizer.*standardize"):
         export_translator(model, lowercasing, dates.target_vectorizer, str(tmp_path / "x"))
     assert not np.any([p.exists() for p in tmp_path.iterdir()])
+
+
+# Every whitespace character alone, all of them at once, and a mix with ASCII spaces.
+WHITESPACE_ONLY = [*WHITESPACE, WHITESPACE, " \u00a0\u3000\u2003\t\n"]
+
+
+def check_nothing_to_translate(served, count):
+    """The first `count` outputs are '' with score -inf."""
+    assert served["translations"][:count] == [""] * count
+    assert served["scores"][:count] == [-math.inf] * count
+
+
+def test_unicode_whitespace_is_nothing_to_translate(dates, tmp_path):
+    """Only spaces, of any Unicode kind (U+00A0, U+2003, U+3000 ...), give '' and -inf through
+    the SavedModel; around a date they are ordinary spaces."""
+    model = MODELS["transformer"](dates)
+    path = str(tmp_path / "export")
+    export_translator(model, dates.source_vectorizer, dates.target_vectorizer, path,
+                      standardize=dates.standardize_tf, joiner="")
+    served = serve_without_keras(path, WHITESPACE_ONLY + ["3/3/21", "\u30003/3/21\u00a0"],
+                                 tmp_path)
+    count = len(WHITESPACE_ONLY)
+    check_nothing_to_translate(served, count)
+    # (an untrained model may well translate the date as ''; the finite score says it was
+    # translated, where nothing to translate scores -inf)
+    assert served["translations"][count] == served["translations"][count + 1]
+    assert np.isfinite(served["scores"][count])
+    assert served["scores"][count] == pytest.approx(served["scores"][count + 1])
+    # Without a standardization the raw text decides: still nothing to translate.
+    raw = make_translate_fn(model, dates.source_vectorizer,
+                            dates.target_vectorizer.get_vocabulary(), dates.target_length,
+                            joiner="")(tf.constant(WHITESPACE_ONLY))
+    assert raw["translation"].numpy().tolist() == [b""] * count
+    assert np.all(raw["score"].numpy() == -np.inf)
+
+
+@pytest.fixture(scope="module")
+def subword_pairs(tmp_path_factory):
+    from translation_fixtures import write_pairs_file
+
+    from keras_attn.data.pairs import load_tatoeba
+
+    path = write_pairs_file(tmp_path_factory.mktemp("pairs") / "fra.txt")
+    return load_tatoeba(str(path), test_fraction=0.25, tokenizer="sentencepiece",
+                        vocab_size=40, verbose=0)
+
+
+def test_subword_translator_needs_the_sentencepiece_op_and_nothing_else(subword_pairs,
+                                                                      tmp_path):
+    """With subword vocabularies the graph holds tensorflow-text's SentencePiece op: loading
+    fails without it, and registering the op alone (no Keras, no keras_attn, not even the
+    tensorflow_text package) serves what Python computes, detokenized into words."""
+    data = subword_pairs
+    keras.utils.set_random_seed(0)
+    model = train(MODELS["transformer"](data), data, epochs=3)
+    path = str(tmp_path / "export")
+    export_translator(model, data.source_vectorizer, data.target_vectorizer, path,
+                      **data.text_options)
+    texts = [*WHITESPACE_ONLY, "I am tall.", "She is not busy!", "You are zzz.",
+             "We are ready. " * 10]
+    failed = serve_without_keras(path, texts, tmp_path, check=False)
+    # (which of its ops the loader meets first varies: SentencepieceOp, SentencepieceTokenizeOp)
+    assert failed.returncode != 0 and re.search(r"not registered '?Sentencepiece",
+                                                failed.stderr), failed.stderr[-2000:]
+    served = serve_without_keras(path, texts, tmp_path, ops="sentencepiece_op")
+    in_python = make_translate_fn(model, data.source_vectorizer,
+                                  data.target_vectorizer.get_vocabulary(), data.target_length,
+                                  **data.text_options)(tf.constant(texts))
+    assert served["translations"] == [t.decode() for t in in_python["translation"].numpy()]
+    np.testing.assert_allclose(served["scores"], in_python["score"].numpy(), atol=1e-5)
+    count = len(WHITESPACE_ONLY)
+    check_nothing_to_translate(served, count)
+    assert served["truncated"] == [False] * (count + 3) + [True]
+    # The same words as greedy search + TranslationData.decode (pieces -> words).
+    sources = [data.standardize(t) for t in texts[count:]]
+    ids = decoding.greedy_search(model, data.encode_source(sources, standardize=False),
+                                 data.target_length)
+    assert served["translations"][count:] == data.decode(ids)
+    assert all("\u2581" not in t and "  " not in t for t in served["translations"])
+    assert served["logits_shape"] == [1, data.target_length, data.target_vocab_size]
+
+
+def test_word_start_needs_a_space_joiner(subword_pairs):
+    data = subword_pairs
+    model = MODELS["transformer"](data)
+    with pytest.raises(ValueError, match="joiner"):
+        make_translate_fn(model, data.source_vectorizer, data.target_vectorizer.get_vocabulary(),
+                          data.target_length, joiner="", word_start="\u2581")
+    with pytest.raises(ValueError, match="word_start"):
+        make_translate_fn(model, data.source_vectorizer, data.target_vectorizer.get_vocabulary(),
+                          data.target_length, word_start="")

@@ -252,6 +252,42 @@ def test_cmlm_dataset_masks_1_to_n_random_target_tokens(dates):
 
 
 @pytest.mark.tf_only
+def test_grouped_cmlm_batches_hold_one_length_cut_to_it(tmp_path):
+    from translation_fixtures import write_pairs_file
+
+    from keras_attn.data.nat import make_cmlm_dataset
+    from keras_attn.data.pairs import load_tatoeba
+
+    data = load_tatoeba(str(write_pairs_file(tmp_path / "fra.txt")), min_freq=1, verbose=0)
+    fixed = make_cmlm_dataset(data, "train", 8, shuffle=True, seed=3)
+    grouped = make_cmlm_dataset(data, "train", 8, shuffle=True, seed=3, group_by_length=True)
+    batches = list(grouped)
+    assert int(grouped.cardinality()) == len(batches)
+    assert sum(int(x[0].shape[0]) for x, _, _ in batches) == len(data.train)
+    token_mask = mask_id(data.target_vocab_size)
+    seen = set()
+    for (source, masked), (target, length), (weights, _) in batches:
+        source, masked, target, length, weights = (np.asarray(a) for a in (
+            source, masked, target, length, weights))
+        longest = np.maximum((source != PAD_ID).sum(1), length)
+        assert len(set(longest.tolist())) == 1  # one length per batch
+        # cut to the batch's longest source and target, no column of padding only
+        assert np.any(source[:, -1] != PAD_ID) and target.shape[1] == length.max()
+        assert masked.shape == target.shape == weights.shape
+        assert_array_equal(weights, (masked == token_mask).astype("float32"))
+        assert np.all(weights.sum(1) >= 1) and np.all(weights.sum(1) <= length)
+        seen.update(map(tuple, np.where(target == PAD_ID, -1, target).tolist()))
+    # the same examples as the fixed-length batches
+    expected = set()
+    for _, (target, _), _ in fixed:
+        expected.update(tuple(row[row != PAD_ID].tolist()) for row in np.asarray(target))
+    assert {tuple(t for t in row if t != -1) for row in seen} == expected
+    padding = [1 - np.mean(np.asarray(x[1]) != PAD_ID) for x, _, _ in fixed]
+    grouped_padding = [1 - np.mean(np.asarray(x[1]) != PAD_ID) for x, _, _ in batches]
+    assert np.mean(grouped_padding) < np.mean(padding)
+
+
+@pytest.mark.tf_only
 def test_token_loss_counts_only_the_masked_positions(dates):
     from keras_attn.data.nat import make_cmlm_dataset
 
@@ -327,7 +363,11 @@ def test_exported_translate_equals_mask_predict_in_python(dates, tmp_path):
                "joiner": ""}
     export_nat_translator(model, dates.source_vectorizer, dates.target_vectorizer, path,
                           **options)
-    texts = ["march 3rd, 2021", "3/3/21", "", "march 3rd, 2021 " * 5]
+    from keras_attn.data.translation import WHITESPACE
+
+    # Then only spaces, of every Unicode kind: nothing to translate.
+    texts = ["march 3rd, 2021", "3/3/21", "", "march 3rd, 2021 " * 5, *WHITESPACE,
+             " \u00a0\u3000\u2003"]
     served = tf.saved_model.load(path).signatures["translate"](text=tf.constant(texts))
     in_python = make_nat_translate_fn(model, dates.source_vectorizer,
                                       dates.target_vectorizer.get_vocabulary(),
@@ -339,8 +379,10 @@ def test_exported_translate_equals_mask_predict_in_python(dates, tmp_path):
     ids, scores = mask_predict(model, dates.encode_source(texts[:2]), 3, length_beam=2)
     assert [t.decode() for t in served["translation"].numpy()[:2]] == dates.decode(ids)
     np.testing.assert_allclose(served["score"].numpy()[:2], as_np(scores), atol=1e-5)
-    assert served["translation"].numpy()[2] == b"" and served["score"].numpy()[2] == -np.inf
-    assert served["truncated"].numpy().tolist() == [False, False, False, True]
+    for i in [2, *range(4, len(texts))]:
+        assert served["translation"].numpy()[i] == b"" and served["score"].numpy()[i] == -np.inf
+    assert served["truncated"].numpy().tolist() == [False, False, False, True] + [False] * (
+        len(texts) - 4)
     ids = tf.zeros((1, dates.source_length), tf.int32)
     serve = tf.saved_model.load(path).signatures["serve"](
         source_ids=ids, masked_target_ids=tf.zeros((1, dates.target_length), tf.int32))

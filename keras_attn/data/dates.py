@@ -49,7 +49,12 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_attn.data.translation import Pair, TranslationData, build_vectorizer
+from keras_attn.data.translation import (
+    WHITESPACE,
+    Pair,
+    TranslationData,
+    build_vectorizer,
+)
 
 _MONTHS = (
     "january", "february", "march", "april", "may", "june",
@@ -103,9 +108,9 @@ FORMATS = (
 FIRST_DATE = datetime.date(1950, 1, 1)
 LAST_DATE = datetime.date(2049, 12, 31)
 
-_WS = r" \t\n\r\f\v"
-# One token: a digit, a run of letters, or any other single non-space character.
-_TOKEN = rf"[0-9]|[a-z]+|[^{_WS}a-z0-9]"
+# One token: a digit, a run of letters, or any other single character but whitespace
+# (Unicode's, see `WHITESPACE`).
+_TOKEN = rf"[0-9]|[a-z]+|[^{WHITESPACE}a-z0-9]"
 _TOKEN_RE = re.compile(_TOKEN)
 
 
@@ -179,7 +184,7 @@ def to_tokens_tf(text: tf.Tensor) -> tf.Tensor:
     """
     text = tf.strings.lower(text, encoding="utf-8")
     text = tf.strings.regex_replace(text, f"({_TOKEN})", r" \1 ")
-    text = tf.strings.regex_replace(text, f"[{_WS}]+", " ")
+    text = tf.strings.regex_replace(text, f"[{WHITESPACE}]+", " ")
     return tf.strings.strip(text)
 
 

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from keras_attn._checks import check_bool, check_int, check_positive_int
-from keras_attn.data.translation import Pair, TranslationData
+from keras_attn.data.translation import (
+    Pair,
+    TranslationData,
+    batch_by_length,
+    batch_length,
+)
 from keras_attn.tokens import PAD_ID, mask_id
 
 
@@ -51,6 +57,7 @@ def make_cmlm_dataset(
     shuffle: bool = False,
     seed: int | None = 0,
     drop_remainder: bool = False,
+    group_by_length: bool = False,
 ) -> tf.data.Dataset:
     """A batched dataset for `model.fit` of a `keras_attn.models.nat_seq2seq` model.
 
@@ -67,6 +74,11 @@ def make_cmlm_dataset(
         shuffle: bool, shuffle the examples (reshuffled every epoch). Defaults to `False`.
         seed: optional int, seed of the shuffle and of the masks. Defaults to `0`.
         drop_remainder: bool, drop the last incomplete batch. Defaults to `False`.
+        group_by_length: bool, batch examples of the same length (the longer of source and
+            target, in tokens) and cut every batch to its longest source and target, as
+            `TranslationData.make_dataset(group_by_length=True)` does: `Ls`, `Lt` below become
+            the batch's own lengths (`Lt` at most the model's `max_target_length`, which the
+            length classes keep). Defaults to `False`.
 
     Returns:
         A dataset of `((source_ids, masked_target_ids), (target_ids, length),
@@ -85,6 +97,7 @@ def make_cmlm_dataset(
     check_int("seed", seed, 0, allow_none=True)
     check_bool("shuffle", shuffle)
     check_bool("drop_remainder", drop_remainder)
+    check_bool("group_by_length", group_by_length)
     sources = data.encode_source([s for s, _ in split_or_pairs], standardize=False)  # (N, Ls)
     targets = data.encode_targets([t for _, t in split_or_pairs])  # (N, Lt)
     token_mask_id = mask_id(data.target_vocab_size)
@@ -104,5 +117,21 @@ def make_cmlm_dataset(
 
     dataset = tf.data.Dataset.zip((dataset, seeds)).map(
         example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    if not group_by_length:
+        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    def length_of(inputs, targets, weights):
+        return tf.maximum(tf.math.count_nonzero(inputs[0]), tf.cast(targets[1], tf.int64))
+
+    def cut(inputs, targets, weights):
+        (source, masked), (target, length), (token_weights, length_weights) = (
+            inputs, targets, weights)
+        source_length, target_length = batch_length(source), batch_length(target)
+        return ((source[:, :source_length], masked[:, :target_length]),
+                (target[:, :target_length], length),
+                (token_weights[:, :target_length], length_weights))
+
+    lengths = np.maximum(np.count_nonzero(sources, axis=1), np.count_nonzero(targets, axis=1))
+    dataset = batch_by_length(dataset, length_of, lengths, batch_size, drop_remainder)
+    return dataset.map(cut, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)

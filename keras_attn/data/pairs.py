@@ -1,8 +1,9 @@
 """Loader for tab-separated sentence pairs (Tatoeba / Anki exports such as d2l's `fra.txt`).
 
-Each line is `source<TAB>target[<TAB>attribution]`. Text is preprocessed as in d2l: non-breaking
-spaces (U+202F, U+00A0) become spaces, everything is lowercased, and a space is put before
-`, . ! ?` when none precedes them; tokens are then the space-separated words.
+Each line is `source<TAB>target[<TAB>attribution]`. Text is preprocessed as in d2l: every run of
+whitespace (Unicode's, non-breaking spaces U+202F and U+00A0 included: `translation.WHITESPACE`)
+becomes one space, everything is lowercased, and a space is put before `, . ! ?` when none
+precedes them; tokens are then the space-separated words.
 
 The file must be UTF-8 (a byte-order mark at its start is dropped); invalid UTF-8 is an error
 naming the line, never a silent replacement. Pairs too long for the padded lengths are dropped
@@ -20,18 +21,26 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn._checks import check_positive_int
+from keras_attn._checks import check_int, check_positive_int
+from keras_attn.data.subwords import (
+    WORD_START,
+    SentencePieceVectorizer,
+    learn_sentencepiece,
+)
 from keras_attn.data.translation import (
+    WHITESPACE,
     Pair,
     TranslationData,
     build_vectorizer,
 )
 
+# The tokenizations `load_tatoeba` offers.
+TOKENIZERS = ("word", "sentencepiece")
+
 FRA_ENG_URL = "http://d2l-data.s3-accelerate.amazonaws.com/fra-eng.zip"
 
-_WS = r" \t\n\r\f\v"
 _PUNCT_AFTER_NON_SPACE = re.compile(r"(?<=[^ ])([,.!?])")
-_RUNS_OF_SPACE = re.compile(f"[{_WS}]+")
+_RUNS_OF_SPACE = re.compile(f"[{WHITESPACE}]+")
 
 
 def preprocess(text: str) -> str:
@@ -43,9 +52,9 @@ def preprocess(text: str) -> str:
     Returns:
         str of space-separated tokens, e.g. `"va !"`, `"hello , world !"`.
     """
-    text = text.replace("\u202f", " ").replace("\xa0", " ").lower()
+    text = _RUNS_OF_SPACE.sub(" ", text).lower()
     text = _PUNCT_AFTER_NON_SPACE.sub(r" \1", text)
-    return _RUNS_OF_SPACE.sub(" ", text).strip(" \t\n\r\f\v")
+    return _RUNS_OF_SPACE.sub(" ", text).strip(" ")
 
 
 def preprocess_tf(text: tf.Tensor) -> tf.Tensor:
@@ -57,11 +66,11 @@ def preprocess_tf(text: tf.Tensor) -> tf.Tensor:
     Returns:
         string tensor of the same shape, equal to `preprocess` element-wise.
     """
-    text = tf.strings.regex_replace(text, "[\u202f\u00a0]", " ")
+    text = tf.strings.regex_replace(text, f"[{WHITESPACE}]+", " ")
     text = tf.strings.lower(text, encoding="utf-8")
     # A space before every mark; the collapse below removes the doubled ones.
     text = tf.strings.regex_replace(text, "([,.!?])", r" \1")
-    text = tf.strings.regex_replace(text, f"[{_WS}]+", " ")
+    text = tf.strings.regex_replace(text, " +", " ")
     return tf.strings.strip(text)
 
 
@@ -268,21 +277,66 @@ def _download_fra_eng() -> str:
     )
 
 
+def _check_tokenizer(tokenizer, vocab_size, min_freq) -> None:
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(
+            f"Received an invalid value for argument `tokenizer`, expected one of {TOKENIZERS}. "
+            f"Received: tokenizer={tokenizer!r}")
+    if tokenizer == "word":
+        check_positive_int("min_freq", min_freq, allow_none=True)
+        if vocab_size is not None:
+            raise ValueError(
+                "Argument `vocab_size` is for subword vocabularies (tokenizer='sentencepiece'); "
+                "word vocabularies keep the words seen `min_freq` times. Received: "
+                f"vocab_size={vocab_size!r}, tokenizer='word'")
+        return
+    if min_freq is not None:
+        raise ValueError(
+            "Argument `min_freq` is for word vocabularies (tokenizer='word'); a SentencePiece "
+            f"vocabulary has `vocab_size` ids. Received: min_freq={min_freq!r}, "
+            f"tokenizer={tokenizer!r}")
+    if vocab_size is None:
+        raise ValueError(
+            "Argument `vocab_size` is required with tokenizer='sentencepiece' (e.g. 8000). "
+            "Received: vocab_size=None")
+    check_int("vocab_size", vocab_size, 8)
+
+
+def _sentencepiece_vectorizers(train: list[Pair], vocab_size: int):
+    """Both sides' `SentencePieceVectorizer`s learned from `train`, the training pairs that fit
+    their piece lengths, and how many did not."""
+    models = [learn_sentencepiece((pair[side] for pair in train), vocab_size) for side in (0, 1)]
+    counts = [SentencePieceVectorizer(model, 1).count_tokens(
+        tf.constant([pair[side] for pair in train])).numpy() for side, model in enumerate(models)]
+    lengths = (typical_length(counts[0].tolist()), typical_length((counts[1] + 1).tolist()))
+    fits = (counts[0] <= lengths[0]) & (counts[1] < lengths[1])
+    vectorizers = tuple(
+        SentencePieceVectorizer(model, length, name=f"{side}_vectorizer")
+        for model, length, side in zip(models, lengths, ("source", "target")))
+    kept = [pair for pair, fit in zip(train, fits.tolist()) if fit]
+    return vectorizers, kept, len(train) - len(kept)
+
+
 def load_tatoeba(
     path: str | os.PathLike | None = None,
     download: bool = False,
     num_examples: int | None = None,
-    min_freq: int = 2,
+    min_freq: int | None = None,
     max_length: int | tuple[int, int] | None = None,
     seed: int = 0,
     test_fraction: float = 0.1,
     validation_fraction: float = 0.0,
     verbose: int = 1,
+    tokenizer: str = "word",
+    vocab_size: int | None = None,
 ) -> TranslationData:
-    """Loads a Tatoeba/Anki sentence-pair file as a word-level translation task.
+    """Loads a Tatoeba/Anki sentence-pair file as a word-level or subword translation task.
 
-    Vocabularies are built from the training split only (test words unseen in training are
-    `[UNK]`), keeping words seen at least `min_freq` times.
+    Vocabularies are built from the training split only. With `tokenizer="word"` they keep
+    the words seen at least `min_freq` times (test words unseen in training are `[UNK]`). With
+    `tokenizer="sentencepiece"` each side gets a SentencePiece BPE model of `vocab_size` ids
+    (`keras_attn.data.subwords`): words are split into known pieces, so only characters never
+    seen in training are `[UNK]`.
 
     Every pair is padded to `(source_length, target_length)` tokens, the target counting its
     `<eos>` (`target_in` is `<bos> y`, `target_out` is `y <eos>`). Pairs that do not fit
@@ -290,6 +344,14 @@ def load_tatoeba(
     three splits and counted in `num_too_long`, never truncated: a truncated target would lose
     its `<eos>` and teach the model not to stop. Text encoded later (`encode_source`, an
     exported translator) is still truncated to the source length.
+
+    Subwords: the pairs are chosen by their length in words exactly as for words (the same
+    `max_length`, the same splits, so the two tokenizations are scored on the same held-out
+    pairs), then the lengths in pieces are `typical_length` of the training pairs' piece counts
+    (plus one for `<eos>` on the target side); training pairs longer in pieces are dropped and
+    counted in `num_too_long`. Held-out pairs are never dropped for their piece count: their
+    sources are encoded as an exported translator would encode them (truncated to the source
+    length when longer), their targets are only references.
 
     Args:
         path: str or `os.PathLike`, path of the tab-separated UTF-8 file. Defaults to `None`,
@@ -299,7 +361,8 @@ def load_tatoeba(
             Defaults to `False`.
         num_examples: int, use the first this many valid pairs of the file (before too-long
             pairs are dropped). Defaults to `None` (all).
-        min_freq: int, minimum word count to enter a vocabulary. Defaults to `2`.
+        min_freq: int, minimum word count to enter a word vocabulary (not used with
+            subwords). Defaults to `None` (2 for words).
         max_length: int for both sides, `(source_length, target_length)`, or `None` to choose
             each length from the training split: `typical_length` of the training source
             lengths, and of the training target lengths plus one (for `<eos>`), i.e. the
@@ -312,6 +375,10 @@ def load_tatoeba(
         validation_fraction: float, fraction held out for validation. Defaults to `0.0`.
         verbose: int, 1 shows progress and a summary (split sizes, pairs dropped as too long,
             vocabulary sizes), 0 is silent. Defaults to `1`.
+        tokenizer: str, `"word"` (space-separated words) or `"sentencepiece"` (subword
+            pieces). Defaults to `"word"`.
+        vocab_size: int, with `"sentencepiece"`: the number of ids of each side's model, the
+            four reserved ones included. Defaults to `None` (required with subwords).
 
     Returns:
         A `TranslationData` (word-level: `decode` joins tokens with spaces) whose `num_skipped`
@@ -320,7 +387,8 @@ def load_tatoeba(
     Raises:
         ValueError: naming `path` when it is missing, a directory, not UTF-8 or holds no valid
             pair; naming `max_length` when it is not a positive int or pair of them, or when no
-            training pair fits it.
+            training pair fits it; naming `tokenizer`, `vocab_size` or `min_freq` when they do
+            not go together (`min_freq` is for words, `vocab_size` for subwords).
 
     Example:
     >>> data = load_tatoeba("fra.txt", num_examples=600, max_length=9)
@@ -328,6 +396,7 @@ def load_tatoeba(
     >>> ds = data.make_dataset("train", batch_size=64, shuffle=True)
     """
     explicit_lengths = _lengths_from(max_length) if max_length is not None else None
+    _check_tokenizer(tokenizer, vocab_size, min_freq)
     if path is None:
         if not download:
             raise ValueError(
@@ -370,29 +439,40 @@ def load_tatoeba(
             f"{source_length} source and {target_length - 1} target tokens (plus <eos>). "
             f"Received: max_length={max_length!r}"
         )
+    if tokenizer == "word":
+        min_freq = 2 if min_freq is None else min_freq
+        vectorizers = (
+            build_vectorizer((s for s, _ in train), source_length, min_freq,
+                             name="source_vectorizer"),
+            build_vectorizer((t for _, t in train), target_length, min_freq,
+                             name="target_vectorizer"))
+    else:
+        vectorizers, train, num_long_pieces = _sentencepiece_vectorizers(train, vocab_size)
+        num_too_long += num_long_pieces
     data = TranslationData(
-        source_vectorizer=build_vectorizer(
-            (s for s, _ in train), source_length, min_freq, name="source_vectorizer"
-        ),
-        target_vectorizer=build_vectorizer(
-            (t for _, t in train), target_length, min_freq, name="target_vectorizer"
-        ),
+        source_vectorizer=vectorizers[0],
+        target_vectorizer=vectorizers[1],
         train=train,
         validation=validation,
         test=test,
-        source_length=source_length,
-        target_length=target_length,
+        source_length=vectorizers[0].get_config()["output_sequence_length"],
+        target_length=vectorizers[1].get_config()["output_sequence_length"],
         standardize=preprocess,
         standardize_tf=preprocess_tf,
         target_joiner=" ",
         num_skipped=num_skipped,
         num_too_long=num_too_long,
+        word_start=None if tokenizer == "word" else WORD_START,
     )
     if verbose:
         print(
             f"Split {len(train)}/{len(validation)}/{len(test)} pairs (train/validation/test); "
             f"dropped {num_too_long} pairs longer than {source_length} source or "
-            f"{target_length - 1} target tokens; "
-            f"vocabularies {data.source_vocab_size} source, {data.target_vocab_size} target words."
+            f"{target_length - 1} target tokens"
+            + ("" if tokenizer == "word" else
+               f" (or, in training, {data.source_length} source or {data.target_length - 1} "
+               "target pieces)")
+            + f"; vocabularies {data.source_vocab_size} source, {data.target_vocab_size} target "
+            + ("words." if tokenizer == "word" else "SentencePiece ids.")
         )
     return data

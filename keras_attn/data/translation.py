@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attn._checks import check_bool, check_positive_int
+from keras_attn.data.subwords import detokenize
 from keras_attn.tokens import (
     BOS,
     BOS_ID,
@@ -49,6 +50,7 @@ __all__ = [
     "RESERVED_TOKENS",
     "UNK",
     "UNK_ID",
+    "WHITESPACE",
     "Pair",
     "TranslationData",
     "build_vectorizer",
@@ -56,6 +58,14 @@ __all__ = [
 ]
 
 Pair = tuple[str, str]
+
+# Every character Python's `str.isspace` counts as whitespace: Unicode's White_Space property
+# (U+0009-000D, U+0020, U+0085, U+00A0, U+1680, U+2000-200A, U+2028, U+2029, U+202F, U+205F,
+# U+3000) and U+001C-001F. Literal characters, none special inside a regular-expression class,
+# so `f"[{WHITESPACE}]"` means the same to Python's `re` and to TensorFlow's RE2 (whose `\s` is
+# ASCII only). A test checks the list against `str.isspace` over all of Unicode.
+WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004"
+              "\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 
 
 def build_vectorizer(
@@ -110,8 +120,10 @@ class TranslationData:
     """A translation task: token-string pairs, vocabularies and tf.data pipelines.
 
     Attributes:
-        source_vectorizer: `TextVectorization` of the source side, output length `source_length`.
-        target_vectorizer: `TextVectorization` of the target side, output length `target_length`.
+        source_vectorizer: `TextVectorization` (words, characters) or
+            `keras_attn.data.subwords.SentencePieceVectorizer` (subword pieces) of the source
+            side, output length `source_length`.
+        target_vectorizer: the same for the target side, output length `target_length`.
         train: list of `(source, target)` token-string pairs.
         validation: list of pairs (may be empty).
         test: list of pairs; no test source string appears in `train`.
@@ -122,11 +134,15 @@ class TranslationData:
         standardize_tf: the same preprocessing written with `tf.strings`, for a batch of strings
             inside a graph (e.g. an exported SavedModel).
         target_joiner: str placed between target tokens by `decode`: `" "` for words, `""` for
-            characters.
+            characters. Defaults to `" "`.
         num_skipped: int, malformed input lines that were skipped. Defaults to `0`.
-        num_too_long: int, pairs dropped from the splits because they did not fit
-            `source_length` / `target_length` (with `<eos>`) and would have been truncated.
-            Defaults to `0`.
+        num_too_long: int, pairs dropped because they did not fit `source_length` /
+            `target_length` (with `<eos>`) and would have been truncated. Defaults to `0`.
+        word_start: str or None: the marker that starts a word in the target pieces
+            (`subwords.WORD_START` for SentencePiece vocabularies); `decode` then concatenates
+            the pieces and turns the markers into the spaces between words
+            (`subwords.detokenize`), and `target_joiner` is `" "`. Defaults to `None` (every
+            target token is a word or a character).
     """
 
     source_vectorizer: keras.layers.TextVectorization
@@ -141,6 +157,7 @@ class TranslationData:
     target_joiner: str = " "
     num_skipped: int = 0
     num_too_long: int = 0
+    word_start: str | None = None
 
     @property
     def source_vocab_size(self) -> int:
@@ -151,6 +168,29 @@ class TranslationData:
     def target_vocab_size(self) -> int:
         """Number of target ids, reserved ones included."""
         return self.target_vectorizer.vocabulary_size()
+
+    @property
+    def text_options(self) -> dict:
+        """The keyword arguments of `keras_attn.export`'s translators that turn raw text into
+        this task's tokens and output tokens back into text: `standardize`, `joiner` and
+        `word_start`."""
+        return {"standardize": self.standardize_tf, "joiner": self.target_joiner,
+                "word_start": self.word_start}
+
+    def unknown_rate(self, sources: Sequence[str]) -> float:
+        """The share of the source tokens of `sources` (token strings, as in the pairs) that
+        the source vocabulary does not know (`[UNK]`), over the tokens kept by the source
+        length; 0.0 when there are no tokens.
+
+        Args:
+            sources: list of source token strings.
+
+        Returns:
+            float in [0, 1].
+        """
+        ids = self.encode_source(sources, standardize=False)
+        real = np.count_nonzero(ids != PAD_ID)
+        return float(np.count_nonzero(ids == UNK_ID) / real) if real else 0.0
 
     def encode_source(
         self, texts: Sequence[str], standardize: bool = True
@@ -213,13 +253,15 @@ class TranslationData:
             `(N, Lt)`, `(N, Lt)`; `target_in` is `<bos> y`, `target_out` is `y <eos>`, both padded
             with 0 and truncated to `Lt` (so they stay aligned).
         """
-        sources = [source for source, _ in pairs]
-        targets = [target for _, target in pairs]
-        return (
-            self._vectorize(self.source_vectorizer, sources),
-            self._vectorize(self.target_vectorizer, [f"{BOS} {t}" for t in targets]),
-            self._vectorize(self.target_vectorizer, [f"{t} {EOS}" for t in targets]),
-        )
+        sources = self._vectorize(self.source_vectorizer, [source for source, _ in pairs])
+        targets = self.encode_targets([target for _, target in pairs])  # (N, Lt)
+        target_in = np.concatenate([np.full((len(targets), 1), BOS_ID, np.int32),
+                                    targets[:, :-1]], axis=1)  # (N, Lt)
+        target_out = targets.copy()  # (N, Lt)
+        lengths = np.count_nonzero(targets != PAD_ID, axis=1)  # (N,)
+        rows = np.flatnonzero(lengths < targets.shape[1])
+        target_out[rows, lengths[rows]] = EOS_ID
+        return sources, target_in, target_out
 
     def make_dataset(
         self,
@@ -274,35 +316,24 @@ class TranslationData:
 
         def length(inputs, target_out):
             source, target_in = inputs
-            return tf.cast(tf.maximum(tf.math.count_nonzero(source),
-                                      tf.math.count_nonzero(target_in)), tf.int64)
+            return tf.maximum(tf.math.count_nonzero(source), tf.math.count_nonzero(target_in))
 
         def cut(inputs, target_out):
             source, target_in = inputs
-            # At least one position, so that a batch of empty sources keeps a shape models take.
-            source_length = tf.maximum(tf.reduce_max(_lengths(source)), 1)
-            target_length = tf.maximum(tf.reduce_max(_lengths(target_in)), 1)
+            source_length, target_length = batch_length(source), batch_length(target_in)
             return ((source[:, :source_length], target_in[:, :target_length]),
                     target_out[:, :target_length])
 
-        dataset = dataset.group_by_window(
-            key_func=length,
-            reduce_func=lambda _, window: window.batch(batch_size, drop_remainder=drop_remainder),
-            window_size=batch_size,
-        )
-        # The number of batches does not depend on the order: per length, the pairs of that
-        # length in batches of `batch_size`. Declared, so that Keras' progress bar knows it.
-        counts = np.bincount(np.maximum(np.count_nonzero(source, axis=1),
-                                        np.count_nonzero(target_in, axis=1)))
-        per_length = counts // batch_size if drop_remainder else -(-counts // batch_size)
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(int(per_length.sum())))
+        lengths = np.maximum(np.count_nonzero(source, axis=1), np.count_nonzero(target_in, axis=1))
+        dataset = batch_by_length(dataset, length, lengths, batch_size, drop_remainder)
         return dataset.map(cut, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     def decode(self, ids) -> list[str]:
         """Turns target ids back into strings.
 
         Each row is read up to its first `<eos>`; padding and `<bos>` are skipped and the
-        remaining tokens are joined with `target_joiner`.
+        remaining tokens are joined with `target_joiner` (subword pieces: detokenized into words,
+        see `word_start`).
 
         Args:
             ids: integer array-like or tensor of shape `(B, T)`, or `(T,)` for one sequence.
@@ -332,7 +363,8 @@ class TranslationData:
                     if 0 <= index < len(vocab)
                     else UNK
                 )
-            texts.append(self.target_joiner.join(tokens))
+            texts.append(detokenize(tokens, self.word_start) if self.word_start is not None
+                         else self.target_joiner.join(tokens))
         return texts
 
     @staticmethod
@@ -344,10 +376,38 @@ class TranslationData:
         return keras.ops.convert_to_numpy(ids).astype(np.int32)
 
 
-def _lengths(ids: tf.Tensor) -> tf.Tensor:
-    """Per row of padded ids `(B, L)`: the position after the last non-padding id, `(B,)`."""
+def batch_by_length(dataset: tf.data.Dataset, length_of: Callable, lengths: np.ndarray,
+                    batch_size: int, drop_remainder: bool) -> tf.data.Dataset:
+    """Batches of the elements of `dataset` that have the same length.
+
+    Args:
+        dataset: unbatched `tf.data.Dataset`.
+        length_of: function of an element (its components as arguments) returning its length,
+            an int64 scalar tensor.
+        lengths: int array `(N,)`, the same lengths for the `N` elements, to count the batches.
+        batch_size: int.
+        drop_remainder: bool, drop each length's last incomplete batch.
+
+    Returns:
+        The batched dataset, its cardinality declared (the number of batches does not depend on
+        the order: per length, the elements of that length in batches of `batch_size`), so that
+        Keras' progress bar and schedules know it.
+    """
+    dataset = dataset.group_by_window(
+        key_func=lambda *element: tf.cast(length_of(*element), tf.int64),
+        reduce_func=lambda _, window: window.batch(batch_size, drop_remainder=drop_remainder),
+        window_size=batch_size,
+    )
+    counts = np.bincount(np.asarray(lengths, np.int64), minlength=1)
+    per_length = counts // batch_size if drop_remainder else -(-counts // batch_size)
+    return dataset.apply(tf.data.experimental.assert_cardinality(int(per_length.sum())))
+
+
+def batch_length(ids: tf.Tensor) -> tf.Tensor:
+    """The length a batch of padded ids `(B, L)` can be cut to: the position after its last
+    non-padding id, at least 1 (so that a batch of empty rows keeps a shape models take)."""
     positions = tf.range(1, tf.shape(ids)[1] + 1)
-    return tf.reduce_max(tf.where(ids != PAD_ID, positions, 0), axis=1)
+    return tf.maximum(tf.reduce_max(tf.where(ids != PAD_ID, positions, 0)), 1)
 
 
 def max_tokens(texts: Iterable[str]) -> int:
