@@ -176,7 +176,8 @@ class TransformerDecoderOnly(_Stack):
         return {"cache": tuple(block.init_cache(batch_size, max_length)
                                for block in self.blocks)}
 
-    def decode_step(self, token_ids, index, state: dict, return_attention: bool = True):
+    def decode_step(self, token_ids, index, state: dict, return_attention: bool = True,
+                    return_logits: bool = True):
         """Tokens at positions `index, index + 1, ...` through the stack and the caches.
 
         Args:
@@ -184,11 +185,15 @@ class TransformerDecoderOnly(_Stack):
             index: scalar int tensor (or int), the position of the first token.
             state: the dict of `init_decode_state` or of the previous call.
             return_attention: bool, also return the last token's weights. Defaults to `True`.
+            return_logits: bool, compute the logits; `False` only fills the cache (a prompt)
+                and returns None in their place, skipping the vocabulary projection.
+                Defaults to `True`.
 
         Returns:
             `(logits, state, attention)`: float32 logits `(B, V)` predicting position
-            `index + 1` (`(B, T, V)` for `(B, T)` tokens), the updated state, and the weights
-            of the last token, float32 `(B, num_layers, num_heads, S)` (None unless asked).
+            `index + 1` (`(B, T, V)` for `(B, T)` tokens) or None, the updated state, and the
+            weights of the last token, float32 `(B, num_layers, num_heads, S)` (None unless
+            asked).
         """
         single = len(token_ids.shape) == 1
         token_ids = ops.cast(token_ids, "int32")
@@ -199,9 +204,11 @@ class TransformerDecoderOnly(_Stack):
             token_ids = ops.expand_dims(token_ids, -1)  # (B, 1)
         x = self.embedding(token_ids, start_index=index)  # (B, T, d)
         x, caches, weights = self._run_blocks(x, None, state["cache"], index, return_attention)
-        logits = self._logits(x)  # (B, T, V)
         state = {"cache": tuple(caches)}
-        logits = logits[:, 0] if single else logits
+        logits = None
+        if return_logits:
+            logits = self._logits(x)  # (B, T, V)
+            logits = logits[:, 0] if single else logits
         if not return_attention:
             return logits, state, None
         attention = ops.stack([w[:, :, -1, :] for w in weights], axis=1)  # (B, L, H, S)
