@@ -5,8 +5,8 @@ Two shapes, random weights (no download): the GPT-2-small shape (12 layers, d 76
 FFN 3,072, vocab 50,257, learned positions, LayerNorm, gelu_tanh, tied embeddings) and a Llama
 shape (12 layers, d 768, 12 query / 4 key-value heads, FFN 2,048, vocab 32,000, RoPE, SwiGLU,
 RMSNorm, untied). Prompt 16 + 48 new tokens, greedy, no early stop. keras_attn runs in float32
-(`tf.function`, and with `--xla` also XLA), and with the same weights in bfloat16
-(`dtype="bfloat16"`) and int8 (`model.quantize("int8")`). Calls alternate after a warm-up
+and with the same weights in bfloat16 (`dtype="bfloat16"`) and int8 (`model.quantize("int8")`),
+each as a `tf.function` and (`-xla`) XLA-compiled (`generate(..., jit_compile=True)`). Calls alternate after a warm-up
 (tracing) call; the table gives median tokens per second and the ratios to keras-hub (float32,
 its default compiled `generate`).
 
@@ -25,6 +25,7 @@ import argparse
 import warnings
 
 from _common import header, median, sync, time_alternating
+from pretrained_generation import keras_hub_generate
 
 SHAPES = {
     "gpt2": {"vocab_size": 50257, "num_layers": 12, "embed_dim": 768, "num_heads": 12,
@@ -37,6 +38,9 @@ SHAPES = {
 }
 
 
+VARIANTS = ("float32", "float32-xla", "bfloat16", "bfloat16-xla", "int8", "int8-xla")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
@@ -45,32 +49,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--variants", nargs="+", default=["float32", "xla", "bfloat16", "int8"],
-                        choices=["float32", "xla", "bfloat16", "int8"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                        help="keras_attn's weights (float32, bfloat16, int8), with `-xla`: "
+                             "generate(jit_compile=True)")
     parser.add_argument("--no-hub", action="store_true", help="keras_attn only")
     return parser.parse_args(argv)
-
-
-def keras_hub_model(shape: str):
-    import keras_hub
-
-    config = SHAPES[shape]
-    if shape == "gpt2":
-        backbone = keras_hub.models.GPT2Backbone(
-            vocabulary_size=config["vocab_size"], num_layers=config["num_layers"],
-            num_heads=config["num_heads"], hidden_dim=config["embed_dim"],
-            intermediate_dim=config["ffn_dim"], dropout=0.0,
-            max_sequence_length=config["max_length"])
-        model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    else:
-        backbone = keras_hub.models.LlamaBackbone(
-            vocabulary_size=config["vocab_size"], num_layers=config["num_layers"],
-            num_query_heads=config["num_heads"],
-            num_key_value_heads=config["num_key_value_heads"],
-            hidden_dim=config["embed_dim"], intermediate_dim=config["ffn_dim"])
-        model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
-    model.compile(sampler="greedy")
-    return model
 
 
 def keras_attn_models(shape: str, variants) -> dict:
@@ -80,6 +63,7 @@ def keras_attn_models(shape: str, variants) -> dict:
     import keras_attn as ka
 
     config = SHAPES[shape]
+    variants = {variant.removesuffix("-xla") for variant in variants}
     models = {"float32": ka.models.causal_lm(**config, name=f"{shape}_float32")}
     if "bfloat16" in variants:
         models["bfloat16"] = ka.models.causal_lm(**config, dtype="bfloat16",
@@ -133,24 +117,18 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|")
     for shape in args.shapes:
         models = keras_attn_models(shape, args.variants)
-        hub = None if args.no_hub else keras_hub_model(shape)
         for batch in args.batch:
             rng = np.random.default_rng(0)
             prompt = rng.integers(10, SHAPES[shape]["vocab_size"],
                                   (batch, args.prompt)).astype("int32")
             fns = {}
-            if hub is not None:
-                padded = np.zeros((batch, total), "int32")
-                padded[:, :args.prompt] = prompt
-                hub_inputs = {"token_ids": tf.constant(padded),
-                              "padding_mask": tf.constant(padded != 0)}
-                fns["keras-hub float32"] = (
-                    lambda hub=hub, hub_inputs=hub_inputs: hub.generate(
-                        hub_inputs, stop_token_ids=None))
+            if not args.no_hub:  # the same keras-hub model as benchmarks/pretrained_generation.py
+                fns["keras-hub float32"] = keras_hub_generate(shape, prompt, args.new_tokens,
+                                                              args.threads)[0]
             for variant in args.variants:
-                model = models["float32" if variant == "xla" else variant]
+                model, xla = models[variant.removesuffix("-xla")], variant.endswith("-xla")
                 fns[f"keras_attn {variant}"] = (
-                    lambda model=model, prompt=prompt, xla=variant == "xla":
+                    lambda model=model, prompt=prompt, xla=xla:
                     ka.decoding.generate(model, prompt, total, eos_id=None, jit_compile=xla))
             for fn in fns.values():
                 sync(fn())
@@ -160,7 +138,7 @@ def main(argv=None) -> None:
             base = rates.get("keras-hub float32")
             for name, rate in rates.items():
                 ratio = "-" if base is None else f"{rate / base:.2f}"
-                variant = name.split()[-1]
+                variant = name.split()[-1].removesuffix("-xla")
                 shares = (f"{agree[variant][0]:.1%} / {agree[variant][1]:.1%}"
                           if name.startswith("keras_attn") and variant in agree else "-")
                 print(f"| {shape} | {batch} | {name} | {rate:.1f} | {ratio} | {shares} |",

@@ -207,12 +207,36 @@ class TransformerDecoderOnly(_Stack):
         state = {"cache": tuple(caches)}
         logits = None
         if return_logits:
-            logits = self._logits(x)  # (B, T, V)
+            logits = self._step_logits(x)  # (B, T, V)
             logits = logits[:, 0] if single else logits
         if not return_attention:
             return logits, state, None
         attention = ops.stack([w[:, :, -1, :] for w in weights], axis=1)  # (B, L, H, S)
         return logits, state, ops.cast(attention, "float32")
+
+    def _step_logits(self, x):
+        """`self._logits(x)` for the few rows of a decoding step `(B, T, d)`.
+
+        A tied float head multiplies by the token table `E` `(V, d)` as `(E xᵀ)ᵀ` rather than
+        `x Eᵀ`: TensorFlow's CPU matmul reads the transposed table slowly as a right operand
+        (GPT-2's 50,257 x 768 table at 8 rows: 3.3x the time of an untied head, on the 2-core
+        machine of benchmarks/RESULTS.md), and the transposed result is only `(B·T, V)`.
+        Other heads (untied, quantized, with a transform) take `self._logits`.
+        """
+        head = self.head
+        table = getattr(head, "token_embedding", None)
+        if (not self.tie_embeddings or getattr(head, "transform_dense", None) is not None
+                or table is None or table.quantization_mode is not None
+                or table.reverse_dtype is not None or table.logit_soft_cap is not None):
+            return self._logits(x)
+        h = self._finish(x)  # (B, T, d)
+        rows = ops.reshape(h, (-1, ops.shape(h)[-1]))  # (B·T, d)
+        embeddings = ops.cast(table.embeddings, rows.dtype)  # (V, d)
+        logits = ops.transpose(ops.matmul(embeddings, ops.transpose(rows)))  # (B·T, V)
+        logits = ops.reshape(logits, tuple(ops.shape(h)[:-1]) + (self.vocab_size,))
+        if head.bias is not None:
+            logits = logits + ops.cast(head.bias, logits.dtype)
+        return ops.cast(logits, "float32")  # (B, T, V)
 
     def compute_output_shape(self, inputs_shape, padding_mask_shape=None):
         return tuple(inputs_shape) + (self.vocab_size,)
