@@ -17,6 +17,7 @@ from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.models.assembly import _Stack, document_stack, embeddings_initializer
 from keras_attn.tokens import PAD_ID
+from keras_attn.tuning import in_xla_context
 
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative")
 
@@ -217,15 +218,17 @@ class TransformerDecoderOnly(_Stack):
     def _step_logits(self, x):
         """`self._logits(x)` for the few rows of a decoding step `(B, T, d)`.
 
-        A tied float head multiplies by the token table `E` `(V, d)` as `(E xᵀ)ᵀ` rather than
-        `x Eᵀ`: TensorFlow's CPU matmul reads the transposed table slowly as a right operand
-        (GPT-2's 50,257 x 768 table at 8 rows: 3.3x the time of an untied head, on the 2-core
-        machine of benchmarks/RESULTS.md), and the transposed result is only `(B·T, V)`.
-        Other heads (untied, quantized, with a transform) take `self._logits`.
+        On TensorFlow without XLA a tied float head multiplies by the token table `E`
+        `(V, d)` as `(E xᵀ)ᵀ` rather than `x Eᵀ`: TensorFlow's CPU matmul reads the transposed
+        table slowly as a right operand (GPT-2's 50,257 x 768 table at 8 rows: 68 ms against
+        24.5 ms, on the shared 2-core machine of benchmarks/RESULTS.md), and the transposed
+        result is only `(B·T, V)`. XLA (and JAX) run `x Eᵀ` faster (23.4 ms against 46.8 ms):
+        they, and other heads (untied, quantized, with a transform) take `self._logits`.
         """
         head = self.head
         table = getattr(head, "token_embedding", None)
-        if (not self.tie_embeddings or getattr(head, "transform_dense", None) is not None
+        if (keras.backend.backend() != "tensorflow" or in_xla_context()
+                or not self.tie_embeddings or getattr(head, "transform_dense", None) is not None
                 or table is None or table.quantization_mode is not None
                 or table.reverse_dtype is not None or table.logit_soft_cap is not None):
             return self._logits(x)
