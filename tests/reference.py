@@ -647,6 +647,14 @@ def sampling_distribution(logits, temperature=1.0, top_k=None, top_p=None):
     return out
 
 
+def greedy_tokens(logits, never_emitted=(0, 2)):
+    """The greedy choice of `keras_attn.decoding.generate` at every position of `(..., V)`
+    logits: the argmax over the tokens it may emit (padding and `<bos>` never are)."""
+    logits = np.array(logits, np.float64)
+    logits[..., list(never_emitted)] = -np.inf
+    return logits.argmax(-1)
+
+
 def gnmt_length_penalty(length, alpha):
     """GNMT length penalty (Wu et al., 2016): ``((5 + length) / 6) ** alpha``."""
     return ((5.0 + _f64(length)) / 6.0) ** alpha

@@ -45,9 +45,11 @@ def _generate(model, prompt_ids, lengths, max_new_tokens, temperature, top_k, to
         [prompt_ids, ops.full((batch, max_length - prompt_len), pad_id, "int32")],
         axis=1)  # (B, L)
     state = decoder.init_decode_state(batch, max_length)
-    # The prompt at once, but for each row's last prompt token, which the loop feeds.
+    # The prompt at once, only into the cache: the loop feeds each row's last prompt token
+    # again and reads its logits then (so the prompt pass skips the vocabulary projection).
     step = contract.step_function(decoder, return_attention)
-    _, state, _ = contract.step_function(decoder, False)(prompt_ids, 0, state)
+    _, state, _ = contract.step_function(decoder, False, return_logits=False)(
+        prompt_ids, 0, state)
     # Each row ends at its prompt length plus `max_new_tokens`, or at `max_length`; written
     # so that no sum can exceed int32 (`max_new_tokens` may be 2**31 - 1).
     limits = lengths + ops.minimum(max_new_tokens, max_length - lengths)  # (B,)

@@ -36,7 +36,10 @@ class Decoder(Protocol):
 
     A decoder may take `return_attention` (bool): the loops then pass
     `return_attention=False` unless their caller asked for the attention, and the decoder
-    need not compute it (it returns None in its place).
+    need not compute it (it returns None in its place). A decoder may also take
+    `return_logits` (bool): a prompt run only to fill the cache then passes
+    `return_logits=False`, and the decoder may skip its vocabulary projection (None in place
+    of the logits; at GPT-2's 50,257 tokens that projection is a third of the weights).
     """
 
     def init_decode_state(self, *inputs, max_length: int) -> dict:
@@ -46,10 +49,14 @@ class Decoder(Protocol):
         """`(logits, state, attention)` of one step."""
 
 
-def step_function(decoder: Decoder, return_attention: bool):
-    """`decoder.decode_step` asking for the attention only when `return_attention` (for the
-    decoders that take the argument; the others compute it anyway)."""
+def step_function(decoder: Decoder, return_attention: bool, return_logits: bool = True):
+    """`decoder.decode_step` asking for the attention only when `return_attention`, and for the
+    logits only when `return_logits` (for the decoders that take these arguments; the others
+    compute them anyway)."""
     parameters = inspect.signature(decoder.decode_step).parameters
+    options = {}
     if "return_attention" in parameters:
-        return partial(decoder.decode_step, return_attention=bool(return_attention))
-    return decoder.decode_step
+        options["return_attention"] = bool(return_attention)
+    if not return_logits and "return_logits" in parameters:
+        options["return_logits"] = False
+    return partial(decoder.decode_step, **options) if options else decoder.decode_step

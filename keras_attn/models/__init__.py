@@ -10,7 +10,8 @@ Every seq2seq builder returns `keras.Model([source_ids, target_in_ids], logits)`
 named "encoder" and "decoder"; `causal_lm` returns `keras.Model(token_ids, logits)` with a
 "decoder" that `generate` decodes; the non-autoregressive `nat_seq2seq` returns
 `keras.Model([source_ids, masked_target_ids], [token_logits, length_logits])`, which
-`keras_attn.decoding.mask_predict` decodes.
+`keras_attn.decoding.mask_predict` decodes. `enable_lora(model, rank)` freezes a model and
+adapts its attention projections (LoRA).
 """
 
 from keras_attn.models.bahdanau import (
@@ -21,6 +22,7 @@ from keras_attn.models.bahdanau import (
 from keras_attn.models.causal_lm import causal_lm
 from keras_attn.models.cmlm import CMLMDecoder, LengthPredictor
 from keras_attn.models.decoder_only import TransformerDecoderOnly
+from keras_attn.models.lora import enable_lora
 from keras_attn.models.nat import compile_cmlm, nat_seq2seq
 from keras_attn.models.transformer import (
     TransformerDecoder,
@@ -39,6 +41,7 @@ __all__ = [
     "bahdanau_seq2seq",
     "causal_lm",
     "compile_cmlm",
+    "enable_lora",
     "nat_seq2seq",
     "transformer_seq2seq",
 ]

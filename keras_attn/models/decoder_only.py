@@ -17,6 +17,7 @@ from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.models.assembly import _Stack, document_stack, embeddings_initializer
 from keras_attn.tokens import PAD_ID
+from keras_attn.tuning import in_xla_context
 
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative")
 
@@ -182,7 +183,8 @@ class TransformerDecoderOnly(_Stack):
         return {"cache": tuple(block.init_cache(batch_size, max_length)
                                for block in self.blocks)}
 
-    def decode_step(self, token_ids, index, state: dict, return_attention: bool = True):
+    def decode_step(self, token_ids, index, state: dict, return_attention: bool = True,
+                    return_logits: bool = True):
         """Tokens at positions `index, index + 1, ...` through the stack and the caches.
 
         Args:
@@ -190,11 +192,15 @@ class TransformerDecoderOnly(_Stack):
             index: scalar int tensor (or int), the position of the first token.
             state: the dict of `init_decode_state` or of the previous call.
             return_attention: bool, also return the last token's weights. Defaults to `True`.
+            return_logits: bool, compute the logits; `False` only fills the cache (a prompt)
+                and returns None in their place, skipping the vocabulary projection.
+                Defaults to `True`.
 
         Returns:
             `(logits, state, attention)`: float32 logits `(B, V)` predicting position
-            `index + 1` (`(B, T, V)` for `(B, T)` tokens), the updated state, and the weights
-            of the last token, float32 `(B, num_layers, num_heads, S)` (None unless asked).
+            `index + 1` (`(B, T, V)` for `(B, T)` tokens) or None, the updated state, and the
+            weights of the last token, float32 `(B, num_layers, num_heads, S)` (None unless
+            asked).
         """
         single = len(token_ids.shape) == 1
         token_ids = ops.cast(token_ids, "int32")
@@ -205,13 +211,41 @@ class TransformerDecoderOnly(_Stack):
             token_ids = ops.expand_dims(token_ids, -1)  # (B, 1)
         x = self.embedding(token_ids, start_index=index)  # (B, T, d)
         x, caches, weights = self._run_blocks(x, None, state["cache"], index, return_attention)
-        logits = self._logits(x)  # (B, T, V)
         state = {"cache": tuple(caches)}
-        logits = logits[:, 0] if single else logits
+        logits = None
+        if return_logits:
+            logits = self._step_logits(x)  # (B, T, V)
+            logits = logits[:, 0] if single else logits
         if not return_attention:
             return logits, state, None
         attention = ops.stack([w[:, :, -1, :] for w in weights], axis=1)  # (B, L, H, S)
         return logits, state, ops.cast(attention, "float32")
+
+    def _step_logits(self, x):
+        """`self._logits(x)` for the few rows of a decoding step `(B, T, d)`.
+
+        On TensorFlow without XLA a tied float head multiplies by the token table `E`
+        `(V, d)` as `(E xᵀ)ᵀ` rather than `x Eᵀ`: TensorFlow's CPU matmul reads the transposed
+        table slowly as a right operand (GPT-2's 50,257 x 768 table at 8 rows: 68 ms against
+        24.5 ms, on the shared 2-core machine of benchmarks/RESULTS.md), and the transposed
+        result is only `(B·T, V)`. XLA (and JAX) run `x Eᵀ` faster (23.4 ms against 46.8 ms):
+        they, and other heads (untied, quantized, with a transform) take `self._logits`.
+        """
+        head = self.head
+        table = getattr(head, "token_embedding", None)
+        if (keras.backend.backend() != "tensorflow" or in_xla_context()
+                or not self.tie_embeddings or getattr(head, "transform_dense", None) is not None
+                or table is None or table.quantization_mode is not None
+                or table.reverse_dtype is not None or table.logit_soft_cap is not None):
+            return self._logits(x)
+        h = self._finish(x)  # (B, T, d)
+        rows = ops.reshape(h, (-1, ops.shape(h)[-1]))  # (B·T, d)
+        embeddings = ops.cast(table.embeddings, rows.dtype)  # (V, d)
+        logits = ops.transpose(ops.matmul(embeddings, ops.transpose(rows)))  # (B·T, V)
+        logits = ops.reshape(logits, tuple(ops.shape(h)[:-1]) + (self.vocab_size,))
+        if head.bias is not None:
+            logits = logits + ops.cast(head.bias, logits.dtype)
+        return ops.cast(logits, "float32")  # (B, T, V)
 
     def compute_output_shape(self, inputs_shape, padding_mask_shape=None):
         return tuple(inputs_shape) + (self.vocab_size,)
