@@ -299,19 +299,26 @@ def test_options_that_cannot_run_are_refused_by_name(script, args, message, tmp_
     assert "warmup" not in result.stderr.split("error:")[1] and not out.exists()
 
 
-def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
-    """The learning rate warms up over the steps, stays at its peak, then decays linearly over
-    the last 30% of the training time (validation passes not counted) to 2% at the budget,
-    where training stops."""
+def budget_callback_with_a_clock(monkeypatch, start: float):
+    """`example_utils.time_budget_callback` and the clock `[seconds]` its `perf_counter`
+    reads (a test moves it)."""
+    import time
+
     sys.path.insert(0, str(EXAMPLES))
     try:
         from example_utils import time_budget_callback
     finally:
         sys.path.remove(str(EXAMPLES))
-    import time
-
-    clock = [100.0]
+    clock = [start]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    return time_budget_callback, clock
+
+
+def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
+    """The learning rate warms up over the steps, stays at its peak, then decays linearly over
+    the last 30% of the training time (validation passes not counted) to 2% at the budget,
+    where training stops."""
+    time_budget_callback, clock = budget_callback_with_a_clock(monkeypatch, 100.0)
 
     class Model:
         stop_training = False
@@ -350,15 +357,7 @@ def test_time_budget_averages_the_last_checkpoints(monkeypatch):
     weights stay available for comparison."""
     import keras
 
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        from example_utils import time_budget_callback
-    finally:
-        sys.path.remove(str(EXAMPLES))
-    import time
-
-    clock = [0.0]
-    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    time_budget_callback, clock = budget_callback_with_a_clock(monkeypatch, 0.0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(keras.optimizers.Adam(1e-3))
     callback = time_budget_callback(60.0, 1e-3, warmup_steps=0, average_checkpoints=4,
