@@ -105,7 +105,8 @@ def clear_export_dir(export_dir: str) -> None:
 
 
 def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int,
-                         decay_fraction: float = 0.3, alpha: float = 0.02):
+                         decay_fraction: float = 0.3, alpha: float = 0.02,
+                         average_checkpoints: int = 1, average_fraction: float = 0.15):
     """A Keras callback that fits the learning-rate schedule to `seconds` of training and
     stops training when they are spent.
 
@@ -136,21 +137,43 @@ def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int
         decay_fraction: float in (0, 1], the final share of the budget over which the rate
             decays. Defaults to `0.3`.
         alpha: float, the final rate as a fraction of `learning_rate`. Defaults to `0.02`.
+        average_checkpoints: int >= 1, checkpoint averaging: when training ends the model's
+            trainable weights become the mean of their values at this many evenly spaced
+            moments of the last `average_fraction` of the budget, the last one the end (a copy
+            of the weights at each; 1 keeps the final weights). Defaults to `1`.
+        average_fraction: float in (0, 1], the final share of the budget whose weights are
+            averaged. Defaults to `0.15`.
 
     Returns:
         The callback; after `fit`, its `summary()` gives the training seconds, the steps run,
-        the steps of warm-up done and whether the budget ended the run.
+        the steps of warm-up done, whether the budget ended the run and how many checkpoints
+        were averaged, and when they were more than one its `final_weights` holds the
+        trainable weights' values at the end (NumPy arrays, for comparison).
     """
     import time
 
     import keras
+    import numpy as np
 
+    for name, value in (("average_checkpoints", average_checkpoints),
+                        ("warmup_steps", warmup_steps)):
+        if not isinstance(value, int) or value < (1 if name == "average_checkpoints" else 0):
+            raise ValueError(f"Argument `{name}` must be an integer of at least "
+                             f"{1 if name == 'average_checkpoints' else 0}. Received: "
+                             f"{name}={value!r}")
+    if not 0 < average_fraction <= 1:
+        raise ValueError("Argument `average_fraction` must be in (0, 1]. Received: "
+                         f"average_fraction={average_fraction!r}")
     decay_start = (1.0 - decay_fraction) * seconds
+    # The moments whose weights are copied; the end of training is the last checkpoint.
+    snapshot_times = [seconds * (1.0 - average_fraction * (1.0 - i / (average_checkpoints - 1)))
+                      for i in range(average_checkpoints - 1)] if average_checkpoints > 1 else []
 
     class TimeBudget(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             self.start, self.paused, self.steps = time.perf_counter(), 0.0, 0
             self.spent, self.pause_start, self.total = False, None, 0.0
+            self.sums, self.averaged, self.final_weights = None, 0, None
 
         def trained(self) -> float:
             return time.perf_counter() - self.start - self.paused
@@ -161,14 +184,32 @@ def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int
                            1.0)
             return learning_rate * warmup * (1.0 - (1.0 - alpha) * progress)
 
+        def checkpoint(self) -> None:
+            """Add the trainable weights now to the running sums (float64)."""
+            values = [np.asarray(keras.ops.convert_to_numpy(w.value), "float64")
+                      for w in self.model.trainable_weights]
+            self.sums = values if self.sums is None else [
+                total + value for total, value in zip(self.sums, values)]
+            self.averaged += 1
+
         def on_train_end(self, logs=None):
             self.total = self.trained()
+            if self.averaged:  # the end is the last checkpoint
+                self.checkpoint()
+                self.final_weights = [keras.ops.convert_to_numpy(w.value)
+                                      for w in self.model.trainable_weights]
+                for weight, total in zip(self.model.trainable_weights, self.sums):
+                    weight.assign((total / self.averaged).astype(weight.dtype))
+                self.sums = None
 
         def on_train_batch_begin(self, batch, logs=None):
             self.model.optimizer.learning_rate = self.rate()
 
         def on_train_batch_end(self, batch, logs=None):
             self.steps += 1
+            if self.averaged < len(snapshot_times) and (
+                    self.trained() >= snapshot_times[self.averaged]):
+                self.checkpoint()
             if self.trained() >= seconds:
                 self.spent = True
                 self.model.stop_training = True
@@ -185,6 +226,7 @@ def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int
         def summary(self) -> dict:
             return {"time_budget_s": seconds, "trained_s": round(self.total, 1),
                     "steps": self.steps, "budget_spent": self.spent,
-                    "warmup_steps_done": min(self.steps, warmup_steps)}
+                    "warmup_steps_done": min(self.steps, warmup_steps),
+                    "checkpoints_averaged": self.averaged}
 
     return TimeBudget()

@@ -31,7 +31,7 @@ DEFAULTS = {
                 "num_heads": 4, "ffn_dim": 512, "dropout": 0.1, "max_length": 12,
                 "min_freq": 2, "tokenizer": "sentencepiece", "vocab_size": 4000,
                 "label_smoothing": 0.0, "warmup_steps": 300,
-                "precision": "mixed_bfloat16"},
+                "precision": "mixed_bfloat16", "beam_size": 4},
 }
 
 MODEL_FLAGS = {

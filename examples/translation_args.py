@@ -34,6 +34,11 @@ wrong with a confident score: check the dates you rely on."""
 TASK_NAMES = {"dates": "the built-in dates", "tatoeba": "--data/--download"}
 
 
+def _with_key(defaults: dict, key: str, value) -> dict:
+    """`defaults` with `key` set to `value` in the tasks that leave it out."""
+    return {task: {key: value, **task_defaults} for task, task_defaults in defaults.items()}
+
+
 def _default_text(defaults: dict, key: str) -> str:
     """`(default: ...)` for an option whose default depends on the task."""
     values = {task: defaults[task].get(key) for task in defaults}
@@ -46,6 +51,10 @@ def _default_text(defaults: dict, key: str) -> str:
 # The share of a --time-budget over which the learning rate decays (measured on English-French:
 # benchmarks/RESULTS.md, "Fitting the schedule to a time budget").
 DECAY_FRACTION = 0.3
+
+# The share of a --time-budget whose weights --average-checkpoints averages (the second half of
+# the decay; benchmarks/RESULTS.md, "The examples' `--data` runs").
+AVERAGE_FRACTION = 0.15
 
 # Options that only mean something for sentence pairs (--data / --download).
 PAIRS_ONLY = ("max_length", "min_freq", "tokenizer", "vocab_size")
@@ -131,8 +140,15 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results and SavedModel of an earlier run in OUT "
                              "(default: refuse)")
-    parser.add_argument("--beam-size", type=int, default=1,
-                        help="1 = greedy decoding (default: %(default)s)")
+    parser.add_argument("--beam-size", type=int, default=None,
+                        help="beam of the scores and the export; 1 = greedy decoding "
+                             + _default_text(_with_key(defaults, "beam_size", 1), "beam_size"))
+    parser.add_argument("--average-checkpoints", type=int, default=None, metavar="K",
+                        help="with --time-budget: the model kept is the mean of the weights at "
+                             f"K evenly spaced moments of the last {100 * AVERAGE_FRACTION:.0f}%% "
+                             "of the budget, the last at its end; 1 = the final weights "
+                             + _default_text(_with_key(defaults, "average_checkpoints", 1),
+                                             "average_checkpoints"))
     parser.add_argument("--strategy", choices=("default", "mirrored", "multi_worker"),
                         default="default",
                         help="mirrored: tf.distribute.MirroredStrategy over all devices "
@@ -170,7 +186,8 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
         if name in unsupported:
             parser.error(unsupported[name])
     task = "dates" if args.data is None and not args.download else "tatoeba"
-    for key, value in defaults[task].items():
+    for key, value in _with_key(_with_key(defaults, "beam_size", 1), "average_checkpoints",
+                                1)[task].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     args.task = task
@@ -201,6 +218,12 @@ def _contradiction(args) -> str | None:
         if args.strategy == "multi_worker":
             return ("--time-budget cannot be combined with --strategy multi_worker: each "
                     "worker's clock would stop it after a different step")
+    for name in ("beam_size", "average_checkpoints"):
+        if getattr(args, name) < 1:
+            return f"{_flag(name)} must be at least 1. Received: {_flag(name)} {getattr(args, name)}"
+    if "average_checkpoints" in args.given and args.time_budget is None:
+        return ("--average-checkpoints applies to --time-budget runs (it averages the weights "
+                "of the budget's last moments)")
     if args.task == "dates":
         for name in PAIRS_ONLY:
             if name in args.given:

@@ -25,7 +25,13 @@ from example_utils import (
 )
 
 # parse_args and DATES_HELP are re-exported for the scripts and their tests.
-from translation_args import DATES_HELP, DECAY_FRACTION, TASK_NAMES, parse_args  # noqa: F401
+from translation_args import (  # noqa: F401
+    AVERAGE_FRACTION,
+    DATES_HELP,
+    DECAY_FRACTION,
+    TASK_NAMES,
+    parse_args,
+)
 
 
 def make_strategy(name: str):
@@ -194,6 +200,28 @@ def score(model, data, args) -> tuple[dict, list]:
         metrics["validation"] = held_out_scores(
             data, data.validation, translate(model, data, sources, args.beam_size))
     return metrics, list(zip([s for s, _ in pairs], predictions, references))
+
+
+def validation_ablations(model, data, args, final_weights=None) -> dict:
+    """Validation BLEU without this run's evaluation choices, for the record of what they
+    bring: `"greedy"` (when `args.beam_size` > 1) and `"final_weights"` (the weights at the end
+    of training instead of the checkpoint average, when `final_weights` are given; decoded
+    with `args.beam_size`). The model's weights are left as they came."""
+    if not data.validation:
+        return {}
+    sources = [s for s, _ in data.validation]
+    found = {}
+    if args.beam_size > 1:
+        found["greedy"] = held_out_scores(data, data.validation,
+                                          translate(model, data, sources, 1))["bleu"]
+    if final_weights is not None:
+        averaged = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
+        for weight, value in zip(model.trainable_weights, final_weights):
+            weight.assign(value)
+        found["final_weights"] = held_out_scores(
+            data, data.validation, translate(model, data, sources, args.beam_size))["bleu"]
+        model.set_weights(averaged)
+    return found
 
 
 def draw_attention(model, data, sources: list[str], out_dir: str,
@@ -383,12 +411,17 @@ def fit_plan(args) -> tuple[int, list]:
     stops training (`example_utils.time_budget_callback`; its `summary()` after `fit`)."""
     if args.time_budget is None:
         return args.epochs, []
+    average = getattr(args, "average_checkpoints", 1)
     print(f"training for {args.time_budget:g} s (--time-budget): the learning rate warms up "
           f"over {args.warmup_steps} steps, stays at {args.learning_rate:g}, and decays over "
-          f"the last {100 * DECAY_FRACTION:.0f}% of the time; the epoch count Keras shows is "
-          "only an upper bound")
+          f"the last {100 * DECAY_FRACTION:.0f}% of the time"
+          + (f"; the model kept averages {average} checkpoints of the last "
+             f"{100 * AVERAGE_FRACTION:.0f}%" if average > 1 else "")
+          + "; the epoch count Keras shows is only an upper bound")
     return MAX_EPOCHS, [time_budget_callback(args.time_budget, args.learning_rate,
-                                             args.warmup_steps, DECAY_FRACTION)]
+                                             args.warmup_steps, DECAY_FRACTION,
+                                             average_checkpoints=average,
+                                             average_fraction=AVERAGE_FRACTION)]
 
 
 def short_run_note(args, defaults: dict) -> str | None:
@@ -477,6 +510,9 @@ def run(name: str, args, build_model: Callable, defaults: dict | None = None) ->
     model.save(os.path.join(args.out, "model.keras"))
     save_vocabularies(data, args.out)
     metrics, samples = score(model, data, args)
+    if args.task == "tatoeba":
+        metrics["validation_bleu_without"] = validation_ablations(
+            model, data, args, callbacks[0].final_weights if budget else None)
     metrics.update(train_seconds=train_seconds,
                    epochs=None if args.time_budget is not None else args.epochs,
                    task=args.task, **budget, data_seconds=args.data_seconds,
@@ -493,9 +529,14 @@ def run(name: str, args, build_model: Callable, defaults: dict | None = None) ->
           + (f" ({budget['trained_s']:.0f} s counted against the budget, "
              f"{budget['steps']} steps)" if budget else ""))
     if "validation" in metrics:
+        without = metrics.get("validation_bleu_without", {})
         print(f"validation BLEU {metrics['validation']['bleu']:.2f}, exact match "
               f"{100 * metrics['validation']['exact_match']:.2f}% "
-              f"({metrics['validation']['num_test']} pairs)")
+              f"({metrics['validation']['num_test']} pairs)"
+              + "".join(f"; {text} {without[key]:.2f}" for key, text in (
+                  ("greedy", "greedy decoding"),
+                  ("final_weights", "the final weights instead of the average"))
+                  if key in without))
     print(f"unknown tokens: {100 * metrics['source_unknown_rate']:.2f}% of the test inputs' "
           f"tokens, {100 * metrics['output_unknown_rate']:.2f}% of the output words")
     print_samples(samples[:5], raw)

@@ -154,8 +154,13 @@ def test_bahdanau_pairs_smoke(tmp_path):
     smoke = [arg for arg in SMOKE if arg not in ("--epochs", "1")]
     result, out = run_example("bahdanau_translation.py", tmp_path, *smoke, "--data", str(pairs),
                               "--units", "16", "--embed-dim", "8", "--tokenizer", "word",
-                              "--time-budget", "20")
+                              "--time-budget", "20", "--average-checkpoints", "3")
     metrics = check_outputs(out)
+    # At least the first step past 17 s and the end were averaged, and the validation BLEU of
+    # the final weights is recorded beside that of the average.
+    assert metrics["checkpoints_averaged"] >= 2
+    assert set(metrics["validation_bleu_without"]) == {"final_weights"}
+    assert "the model kept averages 3 checkpoints of the last 15%" in result.stdout
     assert metrics["data_options"]["tokenizer"] == "word"
     assert 0 <= metrics["source_unknown_rate"] < 0.5
     # Training stopped at the first step past the budget (the first step, which traces the
@@ -184,6 +189,9 @@ def test_subword_teacher_and_distilled_nat_on_pairs(tmp_path):
     assert metrics["data_options"]["tokenizer"] == "sentencepiece"
     assert metrics["data_options"]["source_vocab_size"] == 40
     assert metrics["source_unknown_rate"] == 0.0 and metrics["bleu_tokens"] == "words"
+    # --data decodes with a beam of 4 by default; greedy's validation BLEU is recorded beside
+    assert set(metrics["validation_bleu_without"]) == {"greedy"}
+    assert 0.0 <= metrics["validation_bleu_without"]["greedy"] <= 100.0
     assert (teacher / "vocabulary" / "target.model").stat().st_size > 100
     vocabulary = (teacher / "vocabulary" / "target.txt").read_text(encoding="utf-8").split("\n")
     assert vocabulary[1:4] == ["[UNK]", "<bos>", "<eos>"] and len(vocabulary) == 41
@@ -280,6 +288,9 @@ def test_nat_help_lists_only_what_it_runs_and_refuses_the_rest(tmp_path):
      "--vocab-size applies to --tokenizer sentencepiece"),
     (["--data", "x.txt", "--tokenizer", "sentencepiece", "--min-freq", "3"],
      "--min-freq applies to --tokenizer word"),
+    (["--average-checkpoints", "3"], "--average-checkpoints applies to --time-budget runs"),
+    (["--time-budget", "60", "--average-checkpoints", "0"],
+     "--average-checkpoints must be at least 1. Received: --average-checkpoints 0"),
 ])
 def test_options_that_cannot_run_are_refused_by_name(script, args, message, tmp_path):
     """Before anything runs: e.g. `--epochs 0` names --epochs (not --warmup-steps)."""
@@ -288,19 +299,26 @@ def test_options_that_cannot_run_are_refused_by_name(script, args, message, tmp_
     assert "warmup" not in result.stderr.split("error:")[1] and not out.exists()
 
 
-def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
-    """The learning rate warms up over the steps, stays at its peak, then decays linearly over
-    the last 30% of the training time (validation passes not counted) to 2% at the budget,
-    where training stops."""
+def budget_callback_with_a_clock(monkeypatch, start: float):
+    """`example_utils.time_budget_callback` and the clock `[seconds]` its `perf_counter`
+    reads (a test moves it)."""
+    import time
+
     sys.path.insert(0, str(EXAMPLES))
     try:
         from example_utils import time_budget_callback
     finally:
         sys.path.remove(str(EXAMPLES))
-    import time
-
-    clock = [100.0]
+    clock = [start]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    return time_budget_callback, clock
+
+
+def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
+    """The learning rate warms up over the steps, stays at its peak, then decays linearly over
+    the last 30% of the training time (validation passes not counted) to 2% at the budget,
+    where training stops."""
+    time_budget_callback, clock = budget_callback_with_a_clock(monkeypatch, 100.0)
 
     class Model:
         stop_training = False
@@ -330,7 +348,38 @@ def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
                                         for i in range(22, 30)])
     assert len(rates) == 30 and callback.summary() == {
         "time_budget_s": 60.0, "trained_s": 60.0, "steps": 30, "budget_spent": True,
-        "warmup_steps_done": 4}
+        "warmup_steps_done": 4, "checkpoints_averaged": 0}
+
+
+def test_time_budget_averages_the_last_checkpoints(monkeypatch):
+    """With `average_checkpoints=4` over the last 15% of 60 s, the weights kept are the mean
+    of their values at the first steps past 51, 54 and 57 s and at the end (60 s); the final
+    weights stay available for comparison."""
+    import keras
+
+    time_budget_callback, clock = budget_callback_with_a_clock(monkeypatch, 0.0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(1e-3))
+    callback = time_budget_callback(60.0, 1e-3, warmup_steps=0, average_checkpoints=4,
+                                    average_fraction=0.15)
+    callback.set_model(model)
+    callback.on_train_begin()
+    step = 0
+    while not model.stop_training:
+        callback.on_train_batch_begin(step)
+        clock[0] += 2.0  # every step takes 2 s; "training" sets every weight to the time
+        for weight in model.trainable_weights:
+            weight.assign(keras.ops.full(weight.shape, clock[0]))
+        callback.on_train_batch_end(step)
+        step += 1
+    callback.on_train_end()
+    # checkpoints at 52, 54 and 58 s (the first steps past 51, 54, 57) and the end, 60 s
+    for weight in model.get_weights():
+        assert weight == pytest.approx(keras.ops.full(weight.shape, 56.0))
+    assert [float(w.flat[0]) for w in callback.final_weights] == [60.0, 60.0]
+    assert callback.summary()["checkpoints_averaged"] == 4
+    with pytest.raises(ValueError, match="average_checkpoints"):
+        time_budget_callback(60.0, 1e-3, warmup_steps=0, average_checkpoints=0)
 
 
 def test_warmup_longer_than_the_run_is_refused(tmp_path):
