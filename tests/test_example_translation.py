@@ -163,10 +163,11 @@ def test_bahdanau_pairs_smoke(tmp_path):
     assert "the model kept averages 3 checkpoints of the last 15%" in result.stdout
     assert metrics["data_options"]["tokenizer"] == "word"
     assert 0 <= metrics["source_unknown_rate"] < 0.5
-    # Training stopped at the first step past the budget (the first step, which traces the
-    # training function, can take most of it on a busy machine).
+    # Training stopped at the first step past the budget. The first step traces the training
+    # function and can take tens of seconds on a busy machine, so the bound above is loose; the
+    # run's default epochs on these pairs would take many minutes.
     assert metrics["budget_spent"] is True and metrics["epochs"] is None
-    assert 20 <= metrics["trained_s"] < 60 and metrics["steps"] >= 1
+    assert 20 <= metrics["trained_s"] < 150 and metrics["steps"] >= 1
     assert "training for 20 s (--time-budget)" in result.stdout
     assert metrics["epochs_run"] >= 1 and metrics["task"] == "tatoeba"
     assert metrics["model_options"]["units"] == 16 and metrics["bleu_tokens"] == "words"
