@@ -23,14 +23,15 @@ def model():
                                num_key_value_heads=2)
 
 
-def python_greedy(model, prompts, max_length):
-    """Greedy continuation by full forward passes over the growing sequence."""
+def python_greedy(model, prompts, max_length, pad_id=0, banned=(0, BOS_ID)):
+    """Greedy continuation by full forward passes over the growing sequence (`pad_id=None`:
+    every prompt position is a token)."""
     rows = []
     for prompt in prompts:
-        seq = [int(t) for t in prompt if t]
+        seq = [int(t) for t in prompt if pad_id is None or t != pad_id]
         while len(seq) < max_length:
             logits = to_np(model(np.array([seq], "int32")))[0, -1].astype("float64")
-            logits[[0, BOS_ID]] = -np.inf  # padding and <bos> are never generated
+            logits[list(banned)] = -np.inf  # by default padding and <bos> are never generated
             seq.append(int(np.argmax(logits)))
             if seq[-1] == EOS_ID:
                 break
@@ -42,6 +43,32 @@ def test_greedy_generation_equals_a_python_loop_over_full_passes(model):
     tokens = to_np(decoding.generate(model, PROMPTS, 10)).astype(int)
     np.testing.assert_array_equal(tokens, python_greedy(model, PROMPTS, 10))
     np.testing.assert_array_equal(tokens[:, :4] * (PROMPTS > 0), PROMPTS)  # prompts kept
+
+
+def test_the_default_padding_is_the_models_own():
+    """A `causal_lm(pad_id=None)` has no padding id: `generate` without `pad_id` bans no id and
+    takes every prompt position as a token (it banned 0 and <bos> unless `pad_id` was given)."""
+    keras.utils.set_random_seed(5)
+    model = ka.models.causal_lm(24, num_layers=1, embed_dim=32, num_heads=4, ffn_dim=48,
+                                pad_id=None)
+    (bias,) = [w for w in model.weights if w.path == "decoder/head/output_dense/bias"]
+    favoured = np.zeros(24, "float32")
+    favoured[[0, BOS_ID]] = [3.0, 2.9]  # the ids keras_attn's padding default bans
+    bias.assign(favoured)
+    want = python_greedy(model, PROMPTS, 8, pad_id=None, banned=())
+    assert np.isin(want[:, 4:], [0, BOS_ID]).mean() > 0.5  # the ban would change them
+    np.testing.assert_array_equal(to_np(decoding.generate(model, PROMPTS, 8)), want)
+    # An explicit padding id still right-pads the prompts and is never generated.
+    np.testing.assert_array_equal(to_np(decoding.generate(model, PROMPTS, 8, pad_id=0)),
+                                  python_greedy(model, PROMPTS, 8))
+    # A model's own padding id other than 0 is the default.
+    padded = ka.models.causal_lm(24, num_layers=1, embed_dim=32, num_heads=4, ffn_dim=48,
+                                 pad_id=7)
+    padded.set_weights(model.get_weights())
+    prompts = np.where(PROMPTS == 0, 7, PROMPTS)
+    np.testing.assert_array_equal(
+        to_np(decoding.generate(padded, prompts, 8)),
+        to_np(decoding.generate(padded, prompts, 8, pad_id=7)))
 
 
 def test_beam_of_one_top_k_of_one_and_cold_sampling_are_greedy(model):

@@ -5,8 +5,10 @@ The model's layer named `"decoder"` keeps the decoding contract of
 `keras_attn.decoding.contract.Decoder` (`keras_attn.models.TransformerDecoderOnly`, the decoder
 of `keras_attn.models.causal_lm`, does).
 
-Prompts are right-padded with `pad_id` (0, keras_attn's padding; a pretrained checkpoint's
-own, `keras_attn.checkpoints.generation_ids`), or their lengths are given (`prompt_lengths`);
+Prompts are right-padded with `pad_id` (by default the model's own: 0, keras_attn's padding,
+for `causal_lm`; a pretrained checkpoint's own, `keras_attn.checkpoints.generation_ids`), or
+their lengths are given (`prompt_lengths`); a model without a padding id (`pad_id=None`) takes
+every prompt position as a token;
 each row has at least one token, e.g. `<bos>`. A row's prompt tokens are kept as they are and
 its generated tokens follow them. Other layouts are refused, not guessed at: left padding
 would need a padding mask over the cache, which the contract does not carry.
@@ -78,10 +80,31 @@ def _generate(model, prompt_ids, lengths, max_new_tokens, temperature, top_k, to
     return outputs
 
 
-def _suppressed(suppressed_ids, pad_id: int, vocab_size) -> tuple:
-    """The ids never generated: keras_attn's padding and `<bos>` by default."""
+def _padding(decoder, pad_id) -> int | None:
+    """The id that right-pads the prompts: an explicit `pad_id`, else the model's own
+    (`decoder.pad_id`; keras_attn's 0 for a decoder without the attribute); None: none does."""
+    if pad_id is not None:
+        check_int("pad_id", pad_id, 0)
+        return int(pad_id)
+    own = getattr(decoder, "pad_id", PAD_ID)
+    return None if own is None else int(own)
+
+
+def _filler(padding: int | None, strategy: str, eos_id) -> int:
+    """The id written after a row's end: the padding id; without one the first end id (as
+    `transformers` pads), or 0 (no end id; beam search extends finished hypotheses with 0)."""
+    if padding is not None:
+        return padding
+    if strategy == "beam" or eos_id is None:
+        return PAD_ID
+    return eos_id[0] if isinstance(eos_id, tuple) else eos_id
+
+
+def _suppressed(suppressed_ids, pad_id: int | None, vocab_size) -> tuple:
+    """The ids never generated: by default keras_attn's padding and `<bos>`, nothing for a
+    model without a padding id."""
     if suppressed_ids is None:
-        return (pad_id, BOS_ID)
+        return () if pad_id is None else (pad_id, BOS_ID)
     ids = tuple(suppressed_ids) if isinstance(suppressed_ids, (tuple, list)) else None
     if ids is None or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i and (
@@ -108,7 +131,7 @@ def generate(
     return_attention: bool = False,
     return_scores: bool = False,
     jit_compile: bool = False,
-    pad_id: int = PAD_ID,
+    pad_id: int | None = None,
     suppressed_ids=None,
     prompt_lengths=None,
 ):
@@ -144,13 +167,18 @@ def generate(
         return_scores: bool, also return each continuation's normalized log-probability
             `(B,)`. Defaults to `False`.
         jit_compile: bool, compile with XLA (TensorFlow). Defaults to `False`.
-        pad_id: int, the id that right-pads `prompt_ids` and follows a row's end (a
-            pretrained checkpoint's own, `keras_attn.checkpoints.generation_ids`; it may be a
-            real token, e.g. the end id: only trailing ones count as padding). Defaults to
-            `keras_attn.tokens.PAD_ID` (0).
+        pad_id: optional int, the id that right-pads `prompt_ids` and follows a row's end
+            (a pretrained checkpoint's own, `keras_attn.checkpoints.generation_ids`; it may be
+            a real token, e.g. the end id: only trailing ones count as padding). Defaults to
+            `None`: the model's own padding id (`causal_lm(pad_id=...)`, keras_attn's 0 by
+            default); for a model without one (`pad_id=None`, e.g. from
+            `keras_attn.checkpoints.build_model`) every prompt position is a token (or
+            `prompt_lengths` says where each row ends) and a row's end is followed by its
+            first end id (0 when there is none, and with `"beam"`).
         suppressed_ids: optional tuple of ids never generated. Defaults to `None`:
-            keras_attn's reserved padding and `<bos>` (`(pad_id, BOS_ID)`); a pretrained
-            checkpoint's ids are all generated (`()`).
+            keras_attn's reserved padding and `<bos>` (`(pad_id, BOS_ID)`); nothing (`()`)
+            for a model without a padding id; a pretrained checkpoint's ids are all
+            generated (`()`).
         prompt_lengths: optional integer `(B,)`, each row's prompt length (in `[1, P]`):
             the ids after it are ignored, whatever they are (no id then counts as padding,
             e.g. when the end id that pads a checkpoint's prompts may also end a prompt).
@@ -158,35 +186,39 @@ def generate(
 
     Returns:
         int32 `(B, max_length)`: each prompt, then its continuation up to `<eos>` (included),
-        then 0; and the attention and scores on request.
+        then the padding id (`pad_id`); and the attention and scores on request.
 
     Example:
     >>> tokens = generate(model, [[2, 17, 5, 0], [2, 9, 0, 0]], max_length=32,
     ...                   strategy="sample", temperature=0.8, top_p=0.9, seed=7)
     """
     check_one_of("strategy", strategy, STRATEGIES)
-    check_int("pad_id", pad_id, 0)
-    pad_id = int(pad_id)
-    if strategy == "beam" and pad_id != PAD_ID:
-        raise ValueError(
-            f"Argument `pad_id` must be {PAD_ID} with strategy=\"beam\" (finished hypotheses "
-            f"are extended with {PAD_ID}). Received: pad_id={pad_id}")
     checks.length("max_length", max_length, 2)
     check_int("beam_size", beam_size, 1)
     check_number("length_penalty", length_penalty, 0)
     max_length, beam_size = int(max_length), int(beam_size)
     decoder = _decoder(model)
-    vocab_size = checks.vocab_size(decoder)
-    suppressed_ids = _suppressed(suppressed_ids, pad_id, vocab_size)
     if isinstance(eos_id, list):
         eos_id = tuple(eos_id)
+    padding = _padding(decoder, pad_id)
+    if strategy == "beam" and padding not in (None, PAD_ID):
+        raise ValueError(
+            f"Argument `pad_id` must be {PAD_ID} with strategy=\"beam\" (finished hypotheses "
+            f"are extended with {PAD_ID}). Received: pad_id={padding}")
+    vocab_size = checks.vocab_size(decoder)
+    suppressed_ids = _suppressed(suppressed_ids, padding, vocab_size)
     checks.end_token(eos_id, vocab_size, suppressed_ids)
     eos_id = (None if eos_id is None else tuple(int(e) for e in eos_id)
               if isinstance(eos_id, tuple) else int(eos_id))
-    prompt_ids = checks.token_ids("prompt_ids", prompt_ids, vocab_size,
-                                  right_padded=prompt_lengths is None, pad_id=pad_id)
-    if prompt_lengths is None:  # the tokens before the trailing padding
-        prompt_lengths = ops.sum(ops.cast(ops.not_equal(prompt_ids, pad_id), "int32"), axis=1)
+    pad_id = _filler(padding, strategy, eos_id)
+    prompt_ids = checks.token_ids(
+        "prompt_ids", prompt_ids, vocab_size,
+        right_padded=prompt_lengths is None and padding is not None, pad_id=padding or 0)
+    if prompt_lengths is None and padding is None:  # no padding id: every position a token
+        prompt_lengths = ops.full((ops.shape(prompt_ids)[0],), ops.shape(prompt_ids)[1],
+                                  "int32")
+    elif prompt_lengths is None:  # the tokens before the trailing padding
+        prompt_lengths = ops.sum(ops.cast(ops.not_equal(prompt_ids, padding), "int32"), axis=1)
     else:
         prompt_lengths = checks.prompt_lengths(prompt_lengths, prompt_ids)
     prompt_len = prompt_ids.shape[1]

@@ -2,7 +2,9 @@
 
 TensorFlow: a `tf.function` (optionally XLA) whose inputs have an unknown batch size and length,
 traced once per model and settings; inside a function being traced (a SavedModel signature)
-the ops join that graph. JAX: `jax.jit`. torch: eagerly, step by step (`keras.ops.while_loop`
+the ops join that graph. JAX: `jax.jit` of a stateless call, the model's variables passed as
+arguments (captured, they would be compiled into the program as constants: a copy of every
+weight, and a compilation that grows with the model). torch: eagerly, step by step (`keras.ops.while_loop`
 is a Python loop there).
 """
 
@@ -57,7 +59,15 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
         else:
             import jax
 
-            compiled[key] = jax.jit(call)
+            def stateless(values, *arrays):
+                model = model_ref()
+                mapping = list(zip(model.variables, values))
+                with keras.StatelessScope(state_mapping=mapping):
+                    return fn(model, *arrays, **options)
+
+            compiled[key] = jax.jit(stateless)
+    if backend == "jax":
+        return compiled[key]([v.value for v in model.variables], *arrays)
     return compiled[key](*arrays)
 
 
