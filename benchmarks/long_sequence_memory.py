@@ -29,11 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-from _common import GIB, header, median, rss_bytes
+from _common import GIB, header, median, rss_bytes, run_measured
 
 IMPLS = ("dense", "chunked", "keras")
 # Peak bytes above the baseline of forward + backward per (T, T) entry, as measured here at
@@ -129,29 +128,7 @@ def run_child(impl: str, length: int, args) -> dict:
         cmd += ["--chunk-size", str(args.chunk_size)]
     if args.tuning:
         cmd += ["--tuning", *args.tuning]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
-    start, polled_peak, killed = time.monotonic(), 0, None
-    while proc.poll() is None:
-        polled_peak = max(polled_peak, rss_bytes(proc.pid))
-        if polled_peak > args.max_rss_gib * GIB:
-            killed = f"killed: RSS > {args.max_rss_gib:g} GiB"
-        elif time.monotonic() - start > args.time_limit:
-            killed = f"killed: > {args.time_limit:g} s"
-        if killed:
-            proc.kill()
-            proc.wait()
-            return {"status": killed, "peak": polled_peak}
-        time.sleep(0.05)
-    out, err = proc.communicate()
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (err.strip().splitlines() or ["no output"])[-1][:120]
-        return {"status": f"failed (exit {proc.returncode}): {tail}", "peak": polled_peak}
-    result = json.loads(lines[-1])
-    result["status"] = "ok"
-    return result
+    return run_measured(cmd, args.max_rss_gib, args.time_limit)
 
 
 def main(argv=None) -> None:

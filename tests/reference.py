@@ -176,6 +176,13 @@ def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None):
     )
 
 
+def log_softmax(x, axis=-1):
+    """log softmax along `axis`, in float64: ``x - max - log(sum(exp(x - max)))``."""
+    x = _f64(x)
+    x = x - x.max(axis=axis, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=axis, keepdims=True))
+
+
 def masked_softmax(scores, mask=None):
     """Softmax over the last axis restricted to ``mask`` (True = keep); rows with no True
     give zeros, never NaN."""

@@ -6,16 +6,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from backend_utils import call_traced
+from backend_utils import as_np, call_traced
+from reference import log_softmax
 
 from keras_attn import decoding
 from keras_attn.models import transformer_seq2seq
 
 BOS, EOS = 2, 3
-
-
-def to_np(x):
-    return keras.ops.convert_to_numpy(x)
 
 
 # ---- a toy model keeping the decoding contract, with NumPy-known probabilities --------------
@@ -98,11 +95,6 @@ def banned(logits):
     return logits
 
 
-def log_softmax(x):
-    x = x - x.max()
-    return x - np.log(np.exp(x).sum())
-
-
 def np_markov_logits(decoder, t, prevprev, prev, first):
     return decoder.table[t, prevprev, prev].astype("float64") + decoder.bias[first]
 
@@ -155,7 +147,7 @@ SOURCE = np.array([[1, 2, 0, 0], [3, 1, 4, 0], [4, 4, 4, 4], [2, 0, 0, 0]], "int
 def test_greedy_matches_numpy_on_the_markov_model():
     model, decoder = markov_model()
     tokens, attention = decoding.greedy_search(model, SOURCE, 6, return_attention=True)
-    tokens, attention = to_np(tokens), to_np(attention)
+    tokens, attention = as_np(tokens), as_np(attention)
     assert tokens.dtype == np.int32 and tokens.shape == (4, 6) and attention.shape == (4, 6, 4)
     for b, first in enumerate(SOURCE[:, 0]):
         prevprev, prev, done = 0, BOS, False
@@ -189,10 +181,10 @@ def test_search_stops_once_every_sequence_ended():
     source = keras.Input((None,), dtype="int32")
     target = keras.Input((None,), dtype="int32")
     model = keras.Model([source, target], checked(target, MarkovEncoder(name="encoder")(source)))
-    tokens = to_np(decoding.greedy_search(model, SOURCE, 8))
+    tokens = as_np(decoding.greedy_search(model, SOURCE, 8))
     np.testing.assert_array_equal(tokens[:, :2], [[5, EOS]] * len(SOURCE))
     np.testing.assert_array_equal(tokens[:, 2:], 0)
-    beams = to_np(decoding.beam_search(model, SOURCE, 8, beam_size=3, length_penalty=0.0))
+    beams = as_np(decoding.beam_search(model, SOURCE, 8, beam_size=3, length_penalty=0.0))
     np.testing.assert_array_equal(beams[:, 2:], 0)
 
 
@@ -203,7 +195,7 @@ def test_search_stops_once_every_sequence_ended():
 @pytest.mark.parametrize("beam_size", [2, 3])
 def test_beam_search_matches_numpy_reference(beam_size, alpha):
     model, decoder = markov_model()
-    tokens = to_np(decoding.beam_search(model, SOURCE, 6, beam_size=beam_size,
+    tokens = as_np(decoding.beam_search(model, SOURCE, 6, beam_size=beam_size,
                                         length_penalty=alpha))
     np.testing.assert_array_equal(tokens, np_beam_search(decoder, SOURCE, 6, beam_size, alpha))
 
@@ -219,7 +211,7 @@ def test_beam_state_follows_its_parent():
     table[2, 4, :, 1] = 0.0
     table[3:, :, :, EOS] = 0.0
     model, decoder = markov_model(table=table, scale=0.0, max_length=5)
-    tokens = to_np(decoding.beam_search(model, SOURCE, 5, beam_size=2, length_penalty=0.0))
+    tokens = as_np(decoding.beam_search(model, SOURCE, 5, beam_size=2, length_penalty=0.0))
     np.testing.assert_array_equal(tokens, [[5, 6, EOS, 0, 0]] * len(SOURCE))
     np.testing.assert_array_equal(tokens, np_beam_search(decoder, SOURCE, 5, 2, 0.0))
 
@@ -232,7 +224,7 @@ def test_live_hypothesis_overtakes_a_finished_one():
     table[4, :, :, EOS] = 0.0
     model, decoder = markov_model(table=table, scale=0.0)
     for alpha, expected in ((0.0, [EOS, 0, 0, 0, 0, 0]), (2.0, [4, 5, 5, 5, EOS, 0])):
-        tokens = to_np(decoding.beam_search(model, SOURCE, 6, beam_size=2,
+        tokens = as_np(decoding.beam_search(model, SOURCE, 6, beam_size=2,
                                             length_penalty=alpha))
         np.testing.assert_array_equal(tokens, [expected] * len(SOURCE))
         np.testing.assert_array_equal(tokens, np_beam_search(decoder, SOURCE, 6, 2, alpha))
@@ -240,7 +232,7 @@ def test_live_hypothesis_overtakes_a_finished_one():
 
 def test_length_penalty_changes_the_winner():
     model, _ = markov_model()
-    results = {alpha: to_np(decoding.beam_search(model, SOURCE, 6, beam_size=3,
+    results = {alpha: as_np(decoding.beam_search(model, SOURCE, 6, beam_size=3,
                                                  length_penalty=alpha))
                for alpha in (0.0, 3.0)}
     lengths = {alpha: (r != 0).sum() for alpha, r in results.items()}
@@ -250,7 +242,7 @@ def test_length_penalty_changes_the_winner():
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_wide_beam_is_exhaustive_search(alpha):
     model, decoder = markov_model(vocab=5, max_length=3, scale=1.5, seed=3)
-    tokens = to_np(decoding.beam_search(model, SOURCE, 3, beam_size=160, length_penalty=alpha))
+    tokens = as_np(decoding.beam_search(model, SOURCE, 3, beam_size=160, length_penalty=alpha))
     for b, first in enumerate(SOURCE[:, 0]):
         np.testing.assert_array_equal(tokens[b], exhaustive_best(decoder, first, 3, alpha))
 
@@ -259,8 +251,8 @@ def test_beam_size_one_equals_greedy_on_markov_model():
     model, _ = markov_model()
     greedy, g_att = decoding.greedy_search(model, SOURCE, 6, return_attention=True)
     beam, b_att = decoding.beam_search(model, SOURCE, 6, beam_size=1, return_attention=True)
-    np.testing.assert_array_equal(to_np(beam), to_np(greedy))
-    np.testing.assert_allclose(to_np(b_att), to_np(g_att), atol=1e-6)
+    np.testing.assert_array_equal(as_np(beam), as_np(greedy))
+    np.testing.assert_allclose(as_np(b_att), as_np(g_att), atol=1e-6)
 
 
 @pytest.mark.tf_only
@@ -270,15 +262,15 @@ def test_xla_compiled_search_gives_the_same_results():
                            (decoding.beam_search, {"beam_size": 3})):
         plain = search(model, SOURCE, 6, return_attention=True, **kwargs)
         xla = search(model, SOURCE, 6, return_attention=True, jit_compile=True, **kwargs)
-        np.testing.assert_array_equal(to_np(xla[0]), to_np(plain[0]))
-        np.testing.assert_allclose(to_np(xla[1]), to_np(plain[1]), atol=1e-6)
+        np.testing.assert_array_equal(as_np(xla[0]), as_np(plain[0]))
+        np.testing.assert_allclose(as_np(xla[1]), as_np(plain[1]), atol=1e-6)
 
 
 def test_beam_attention_is_that_of_the_returned_hypothesis():
     model, _ = markov_model()
     tokens, attention = decoding.beam_search(model, SOURCE, 6, beam_size=3,
                                              return_attention=True)
-    tokens, attention = to_np(tokens), to_np(attention)
+    tokens, attention = as_np(tokens), as_np(attention)
     for b in range(len(SOURCE)):
         prev = np.concatenate([[BOS], tokens[b, :-1]])
         ended = np.concatenate([[False], np.cumsum(tokens[b] == EOS)[:-1] > 0])
@@ -302,7 +294,7 @@ def varied_transformer():
     for var in model.weights:
         var.assign(0.2 * rng.standard_normal(var.shape) + ("gamma" in var.path))
     decoder = model.get_layer("decoder")
-    table = to_np(decoder.token_embedding.embeddings)  # (V, d)
+    table = as_np(decoder.token_embedding.embeddings)  # (V, d)
     decoder.output_dense.kernel.assign(2.0 * table[rng.permutation(len(table))].T)
     decoder.output_dense.bias.assign(np.zeros(len(table), "float32"))
     return model
@@ -315,7 +307,7 @@ def python_greedy(model, source, max_length):
     """Explicit argmax loop over the full forward pass, no cache, no early stop."""
     prefix = np.full((len(source), 1), BOS, "int32")
     for _ in range(max_length):
-        logits = to_np(model([source, prefix]))[:, -1]  # (B, V)
+        logits = as_np(model([source, prefix]))[:, -1]  # (B, V)
         prefix = np.concatenate([prefix, banned(logits).argmax(-1).astype("int32")[:, None]], 1)
     return prefix[:, 1:]
 
@@ -329,21 +321,21 @@ def test_transformer_greedy_equals_python_argmax_loop_and_beam_size_one():
     assert ended.any() and not ended.all(1).any()
     tokens, attention = decoding.greedy_search(model, T_SOURCE, 7, eos_id=eos,
                                                return_attention=True)
-    tokens, attention = to_np(tokens), to_np(attention)
+    tokens, attention = as_np(tokens), as_np(attention)
     np.testing.assert_array_equal(tokens, np.where(ended, 0, reference))
     # The attention is the full pass' cross-attention of every layer and head, zero after eos.
     prefix = np.concatenate([np.full((3, 1), BOS, "int32"), reference[:, :-1]], 1)
     decoder, encoder = model.get_layer("decoder"), model.get_layer("encoder")
     _, full = decoder(prefix, encoder(T_SOURCE), encoder_padding_mask=T_SOURCE != 0,
                       return_attention_scores=True)  # (B, L, H, T, S)
-    expected = np.where(ended[:, :, None, None, None], 0.0, np.moveaxis(to_np(full), 3, 1))
+    expected = np.where(ended[:, :, None, None, None], 0.0, np.moveaxis(as_np(full), 3, 1))
     assert attention.shape == (3, 7, 2, 4, 6)
     np.testing.assert_allclose(attention, expected, atol=1e-5)
     # Beam size 1 is greedy search.
     beam, beam_attention = decoding.beam_search(model, T_SOURCE, 7, beam_size=1, eos_id=eos,
                                                 return_attention=True)
-    np.testing.assert_array_equal(to_np(beam), tokens)
-    np.testing.assert_allclose(to_np(beam_attention), attention, atol=1e-6)
+    np.testing.assert_array_equal(as_np(beam), tokens)
+    np.testing.assert_allclose(as_np(beam_attention), attention, atol=1e-6)
 
 
 def python_beam_search(model, source, max_length, beam_size, alpha, eos):
@@ -356,7 +348,7 @@ def python_beam_search(model, source, max_length, beam_size, alpha, eos):
             if alive:
                 prefixes = np.array([[BOS] + beam[1] for beam in alive], "int32")  # (A, t+1)
                 sources = np.repeat(source[b:b + 1], len(alive), axis=0)
-                logits = to_np(model([sources, prefixes]))[:, -1].astype("float64")
+                logits = as_np(model([sources, prefixes]))[:, -1].astype("float64")
                 step = np.stack([log_softmax(row) for row in logits])  # (A, V)
             candidates, row = [], 0
             for logp, tokens, finished, length in beams:
@@ -376,7 +368,7 @@ def python_beam_search(model, source, max_length, beam_size, alpha, eos):
 def test_transformer_beam_search_equals_uncached_python_beam_search():
     model = varied_transformer()
     eos = int(python_greedy(model, T_SOURCE, 3)[1, 2])
-    tokens = to_np(decoding.beam_search(model, T_SOURCE, 7, beam_size=3, eos_id=eos))
+    tokens = as_np(decoding.beam_search(model, T_SOURCE, 7, beam_size=3, eos_id=eos))
     np.testing.assert_array_equal(tokens, python_beam_search(model, T_SOURCE, 7, 3, 0.6, eos))
     assert np.any(tokens == eos)
 
@@ -390,10 +382,10 @@ def test_beam_search_in_tf_function_with_unknown_batch():
     def translate(source_ids):
         return decoding.beam_search(model, source_ids, 7, beam_size=3)
 
-    batch = to_np(translate(T_SOURCE))
+    batch = as_np(translate(T_SOURCE))
     for b in range(len(T_SOURCE)):  # each sequence alone gives the same as in the batch
         alone = T_SOURCE[b:b + 1, : (T_SOURCE[b] != 0).sum()]  # and without its padding
-        np.testing.assert_array_equal(to_np(translate(alone)), batch[b:b + 1])
+        np.testing.assert_array_equal(as_np(translate(alone)), batch[b:b + 1])
     assert translate.experimental_get_tracing_count() == 1
     assert len(np.unique(batch)) > 3 and np.all(np.any(batch == EOS, axis=1))
 
@@ -432,12 +424,12 @@ def test_sample_takes_tensor_settings_and_checks_their_values():
     be) and checks their values: eagerly a ValueError, in a compiled function a failed call."""
     model, _ = markov_model()
     python = {"temperature": 0.8, "top_k": 4, "top_p": 0.9, "seed": 5}
-    expected = to_np(decoding.sample(model, SOURCE, 6, **python))
+    expected = as_np(decoding.sample(model, SOURCE, 6, **python))
     tensors = {name: keras.ops.convert_to_tensor(value) for name, value in python.items()}
-    np.testing.assert_array_equal(to_np(decoding.sample(model, SOURCE, 6, **tensors)), expected)
+    np.testing.assert_array_equal(as_np(decoding.sample(model, SOURCE, 6, **tensors)), expected)
     traced = call_traced(lambda t, k, p, s: decoding.sample(
         model, SOURCE, 6, temperature=t, top_k=k, top_p=p, seed=s), *python.values())
-    np.testing.assert_array_equal(to_np(traced), expected)
+    np.testing.assert_array_equal(as_np(traced), expected)
     for name, value in (("temperature", float("nan")), ("temperature", -1.0),
                         ("top_p", float("nan")), ("top_k", -3), ("seed", -2)):
         tensor = keras.ops.convert_to_tensor(value)
@@ -457,7 +449,7 @@ def test_end_tokens_the_model_cannot_emit_are_refused_and_none_runs_to_max_lengt
     for eos_id in (7, 0, BOS):
         with pytest.raises(ValueError, match="Received: eos_id="):
             search(model, SOURCE, 6, eos_id=eos_id)
-    tokens = to_np(search(model, SOURCE, 6, eos_id=None))
+    tokens = as_np(search(model, SOURCE, 6, eos_id=None))
     assert tokens.shape == (4, 6) and np.all(tokens > 0) and np.any(tokens == EOS)
 
 
@@ -480,7 +472,7 @@ def test_mask_predict_refuses_source_ids_past_the_vocabulary():
     model = nat_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=16,
                         max_target_length=5)
     tokens, _ = decoding.mask_predict(model, [[4, 11, 0]], iterations=2)
-    assert to_np(tokens).shape == (1, 5)
+    assert as_np(tokens).shape == (1, 5)
     for source in ([[4, 12, 0]], [[4, -3, 0]]):
         with pytest.raises(ValueError, match="argument `source_ids`"):
             decoding.mask_predict(model, source, iterations=2)

@@ -97,3 +97,39 @@ def test_sublayer_initializer_is_deterministic_per_name_and_keeps_the_class():
                                                                                            3))))
     assert not np.allclose(to_np(a((3, 3))), to_np(b((3, 3))))
     assert sublayer_initializer("zeros", "a").__class__ is keras.initializers.Zeros
+
+
+# Whole models: every weight by its full path, so two stacks' blocks of one name stay apart.
+SEEDED = keras.initializers.GlorotUniform(seed=3)
+MODELS = {
+    "transformer_seq2seq": lambda: ka.models.transformer_seq2seq(
+        20, 20, num_layers=2, embed_dim=16, num_heads=2, ffn_dim=16, kernel_initializer=SEEDED),
+    "causal_lm": lambda: ka.models.causal_lm(
+        20, num_layers=2, embed_dim=16, num_heads=2, ffn_dim=16, kernel_initializer=SEEDED),
+}
+
+
+def model_kernels(model) -> dict:
+    """Every weight of rank >= 2 but the (zero) biases, by its full path in the model."""
+    return {variable.path: to_np(variable) for variable in model.weights
+            if len(variable.shape) >= 2 and "bias" not in variable.path}
+
+
+def called(name):
+    model = MODELS[name]()
+    ids = np.array([[2, 5, 7, 0]], "int32")
+    model([ids, ids] if len(model.inputs) == 2 else ids)
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_no_two_kernels_of_a_seeded_model_start_equal(name):
+    """A seeded model's stacks derive their own seeds too: the encoder and the decoder of
+    `transformer_seq2seq` do not start as copies of each other."""
+    found = model_kernels(called(name))
+    for (path_a, a), (path_b, b) in itertools.combinations(found.items(), 2):
+        if a.shape == b.shape:
+            assert not np.allclose(a, b), f"{path_a} and {path_b} start equal"
+    again = model_kernels(called(name))
+    for path in found:
+        np.testing.assert_array_equal(found[path], again[path], err_msg=path)

@@ -257,6 +257,26 @@ def test_shape_mismatches_are_refused_by_the_call_and_the_shape_function(query, 
         layer(np.ones(query, "float32"), np.ones(key, "float32"), np.ones(value, "float32"))
 
 
+@pytest.mark.parametrize("shapes,name", [
+    (((2, 4, 8), 2, (2, 2, 8)), "key"),  # a bare int, as Keras' own GQA test passes one
+    (((2, 4, 8), (2, 2, 8), "(2, 2, 8)"), "value"),
+    ((None, (2, 2, 8), (2, 2, 8)), "query"),
+])
+def test_a_shape_that_is_not_a_shape_is_named(shapes, name):
+    """`compute_output_shape` with something that is not a tuple of sizes: a ValueError naming
+    the argument, not a TypeError from inside."""
+    layer = ka.MultiHead(num_heads=4, key_dim=2)
+    with pytest.raises(ValueError, match=f"`{name}_shape`"):
+        layer.compute_output_shape(*shapes)
+
+
+def test_keys_and_values_of_different_lengths_in_keras_words():
+    """Keras' message says "must be equal"; ours does too, and names both shapes."""
+    with pytest.raises(ValueError, match=r"must be equal.*key.shape=\(2, 1, 8\)"):
+        ka.MultiHead(num_heads=2, key_dim=2).compute_output_shape((2, 4, 8), (2, 1, 8),
+                                                                  (2, 2, 8))
+
+
 @pytest.mark.parametrize("kwargs,arg", [
     ({"attention_axes": 0}, "attention_axes"), ({"attention_axes": (1, 1)}, "attention_axes"),
     ({"attention_axes": "1"}, "attention_axes"),

@@ -8,8 +8,7 @@ import keras
 import numpy as np
 import pytest
 from backend_utils import to_np
-
-import keras_attn as ka
+from fixtures.make_models_v0 import decode  # the decoding the fixtures recorded
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NAMES = ("transformer_seq2seq", "causal_lm_rope_gqa", "causal_lm_learned_tied", "nat_seq2seq",
@@ -20,15 +19,6 @@ NAMES = ("transformer_seq2seq", "causal_lm_rope_gqa", "causal_lm_learned_tied", 
 def arrays():
     with np.load(FIXTURES / "models_v0.npz") as data:
         return dict(data)
-
-
-def decode(name, model, inputs):
-    if name.startswith("causal_lm"):
-        prompts = np.array([[2, 5, 6, 0], [2, 9, 0, 0]], "int32")
-        return ka.decoding.generate(model, prompts, 10)
-    if name.startswith("nat"):
-        return ka.decoding.mask_predict(model, inputs[0], iterations=2)[0]
-    return ka.decoding.greedy_search(model, inputs[0], 6)
 
 
 @pytest.mark.parametrize("name", NAMES)

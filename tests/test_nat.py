@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 from backend_utils import as_np, assert_allclose, assert_array_equal
+from reference import log_softmax
 
 from keras_attn.decoding import mask_predict
 from keras_attn.layers import CMLMDecoder, TransformerDecoderBlock
@@ -32,11 +33,6 @@ def sources(batch=4, length=6, seed=0):
     ids = rng.integers(4, SOURCE_VOCAB, size=(batch, length)).astype("int32")
     ids[1, 3:] = PAD_ID  # a padded source
     return ids
-
-
-def log_softmax(x):
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 # ---- the model ---------------------------------------------------------------------------------

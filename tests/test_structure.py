@@ -146,3 +146,42 @@ def test_import_on_another_backend_does_not_import_tensorflow(backend):
     result = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True,
                             text=True, timeout=240, cwd=PACKAGE.parent)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+TESTS = Path(__file__).resolve().parent
+HELPER_MODULES = ("reference.py", "backend_utils.py", "layer_test_utils.py")
+
+
+def _top_level_functions(path: Path) -> set[str]:
+    return {node.name for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.FunctionDef)}
+
+
+def test_test_helpers_are_defined_once():
+    """A test file imports the shared helpers (`reference`, `backend_utils`,
+    `layer_test_utils`) instead of defining a function of the same name again."""
+    shared = {name: module for module in HELPER_MODULES
+              for name in _top_level_functions(TESTS / module) if not name.startswith("_")}
+    again = [f"{path.name} defines {name} ({shared[name]} has it)"
+             for path in sorted(TESTS.glob("test_*.py"))
+             for name in sorted(_top_level_functions(path) & set(shared))]
+    assert not again, "\n".join(again)
+
+
+def _private_attribute_reads(path: Path) -> list[str]:
+    """`x._name` read inside an `assert` of a test file (dunders and modules' own private
+    hooks left aside)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assert):
+            for sub in ast.walk(node):
+                if (isinstance(sub, ast.Attribute) and sub.attr.startswith("_")
+                        and not sub.attr.startswith("__")):
+                    found.append(f"{path.name}:{sub.lineno} .{sub.attr}")
+    return found
+
+
+def test_no_test_asserts_a_private_attribute():
+    found = [hit for path in sorted(TESTS.glob("test_*.py"))
+             for hit in _private_attribute_reads(path)]
+    assert not found, "\n".join(found)

@@ -2,9 +2,10 @@
 against a per-window NumPy reference with the relative position bias, whole blocks with and
 without shift against NumPy, patch embedding and merging, and the layer contract."""
 
-import keras
 import numpy as np
 import pytest
+import reference as ref
+from backend_utils import rand, to_np
 from layer_test_utils import run_layer_test
 
 import keras_attn as ka
@@ -16,14 +17,6 @@ from keras_attn.layers.swin import (
 )
 
 rng = np.random.default_rng(0)
-
-
-def rand(*shape):
-    return rng.standard_normal(shape).astype("float32")
-
-
-def to_np(x):
-    return keras.ops.convert_to_numpy(x)
 
 
 def np_windows(x, m):
@@ -115,8 +108,7 @@ def test_window_attention_matches_numpy_with_bias():
 
 
 def np_layer_norm(x, layer):
-    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + layer.epsilon) * to_np(layer.gamma) + to_np(layer.beta)
+    return ref.layer_norm(x, to_np(layer.gamma), to_np(layer.beta), layer.epsilon)
 
 
 @pytest.mark.parametrize("shift", [0, 2])

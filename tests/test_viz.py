@@ -135,8 +135,8 @@ def test_heatmap_colour_scale_is_shared_and_starts_at_zero(tmp_path, figures):
     viz.show_heatmaps(weights, "k", "q", path=str(tmp_path / "b.png"), vmin=0.0, vmax=0.5)
     images = [ax.images[0] for ax in figures[-1].axes if ax.images]
     assert {image.get_clim() for image in images} == {(0.0, 0.5)}
-    colorbar = next(ax for ax in figures[-1].axes if ax.get_label() == "<colorbar>")
-    assert colorbar._colorbar.extend == "max"
+    colorbar = next(image.colorbar for image in images if image.colorbar is not None)
+    assert colorbar.extend == "max"
 
 
 def test_heatmap_numeric_positions(tmp_path, figures):

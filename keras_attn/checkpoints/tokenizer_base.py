@@ -28,6 +28,15 @@ def refuse_tokenizer(component: str, value, why: str) -> None:
                      f"supported: {why}. Refused rather than approximated.")
 
 
+def expect_component(spec: dict, component: str, accepted, why: str) -> dict:
+    """`spec[component]` (`{}` when absent), refused (`refuse_tokenizer`) unless
+    `accepted(value)`."""
+    value = spec.get(component) or {}
+    if not accepted(value):
+        refuse_tokenizer(component, value, why)
+    return value
+
+
 def _token_content(value):
     return value.get("content") if isinstance(value, dict) else value
 
@@ -116,6 +125,18 @@ class CheckpointTokenizer(tf.Module):
                 tf.lookup.KeyValueTensorInitializer(tf.constant(contents),
                                                     tf.constant([added[c] for c in contents],
                                                                 tf.int32)), -1)
+
+    def init_from_spec(self, kind: str, spec: dict, directory: str, vocab: dict[str, int],
+                       added: dict[str, int], special: list[int]) -> list[str]:
+        """What every kind's constructor does with `tokenizer.json` once its own checks have
+        passed: the id table of `vocab` and the added tokens, the post-processor's template
+        and the special ids of the directory; returns the token of every id."""
+        tokens = id_table(vocab, added)
+        lookup = {**vocab, **added}.get
+        prefix, suffix = template_ids(spec.get("post_processor"), lookup)
+        CheckpointTokenizer.__init__(self, kind, tokens, added, special, prefix, suffix,
+                                     special_ids(directory, lookup))
+        return tokens
 
     @property
     def prefix_ids(self) -> list[int]:

@@ -26,10 +26,8 @@ from keras_attn.checkpoints.tokenizer_base import (
     MARK,
     CheckpointTokenizer,
     added_tokens,
-    id_table,
+    expect_component,
     refuse_tokenizer,
-    special_ids,
-    template_ids,
 )
 
 # Unicode White_Space, as a character-class body; and without \n, \r.
@@ -118,9 +116,8 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
         normalizer = spec.get("normalizer")
         if normalizer not in (None, {"type": "NFC"}):
             refuse_tokenizer("normalizer", normalizer, "expected none or NFC")
-        decoder = spec.get("decoder") or {}
-        if decoder.get("type") != "ByteLevel":
-            refuse_tokenizer("decoder", decoder, "expected ByteLevel")
+        expect_component(spec, "decoder", lambda d: d.get("type") == "ByteLevel",
+                         "expected ByteLevel")
         added, special = added_tokens(spec, normalized_ok=normalizer is None)
         vocab = model["vocab"]
         alphabet = bytes_to_unicode()
@@ -128,11 +125,7 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
         if missing:
             refuse_tokenizer("model.vocab", f"{len(vocab)} tokens", f"bytes {missing[:8]} have "
                              "no token (the `tokenizers` library would drop them)")
-        tokens = id_table(vocab, added)
-        lookup = {**vocab, **added}.get
-        prefix, suffix = template_ids(spec.get("post_processor"), lookup)
-        super().__init__("byte_level_bpe", tokens, added, special, prefix, suffix,
-                         special_ids(directory, lookup))
+        tokens = self.init_from_spec("byte_level_bpe", spec, directory, vocab, added, special)
         self._nfc = normalizer is not None
         self._boundary, self._split = RE2_SPLITS[_pre_tokenizer_regex(spec)]
         merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]

@@ -23,10 +23,8 @@ import tensorflow_text as tf_text
 from keras_attn.checkpoints.tokenizer_base import (
     CheckpointTokenizer,
     added_tokens,
-    id_table,
+    expect_component,
     refuse_tokenizer,
-    special_ids,
-    template_ids,
 )
 
 SPACE = "▁"
@@ -92,17 +90,13 @@ class SentencePieceTokenizer(CheckpointTokenizer):
         if model.get("type") != "BPE" or model.get("dropout") not in (None, 0.0):
             refuse_tokenizer("model", {k: model.get(k) for k in ("type", "dropout")},
                              "expected a BPE model without dropout")
-        decoder = spec.get("decoder") or {}
-        if decoder.get("type") != "Sequence" or decoder.get("decoders") != DECODER:
-            refuse_tokenizer("decoder", decoder, "expected Replace('▁', ' '), ByteFallback, "
-                             "Fuse, Strip(' ', 1, 0)")
+        expect_component(spec, "decoder", lambda d: d.get("type") == "Sequence"
+                         and d.get("decoders") == DECODER,
+                         "expected Replace('▁', ' '), ByteFallback, Fuse, Strip(' ', 1, 0)")
         self._rule = _prefix_rule(spec)
         added, special = added_tokens(spec, normalized_ok=False)
-        tokens = id_table(model["vocab"], added)
-        lookup = {**model["vocab"], **added}.get
-        prefix, suffix = template_ids(spec.get("post_processor"), lookup)
-        super().__init__("sentencepiece", tokens, added, special, prefix, suffix,
-                         special_ids(directory, lookup))
+        tokens = self.init_from_spec("sentencepiece", spec, directory, model["vocab"], added,
+                                     special)
         self._model = tf_text.SentencepieceTokenizer(
             _model_proto(directory, tokens, bool(model.get("byte_fallback"))), out_type=tf.int32)
         is_byte = np.zeros(len(tokens), bool)

@@ -26,11 +26,9 @@ from keras_attn.checkpoints.tokenizer_base import (
     CheckpointTokenizer,
     _token_content,
     added_tokens,
-    id_table,
+    expect_component,
     read_json,
     refuse_tokenizer,
-    special_ids,
-    template_ids,
 )
 from keras_attn.checkpoints.tokenizer_bpe import WS
 
@@ -92,9 +90,8 @@ class WordPieceTokenizer(CheckpointTokenizer):
         if (spec.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer":
             refuse_tokenizer("pre_tokenizer", spec.get("pre_tokenizer"),
                              "expected BertPreTokenizer")
-        decoder = spec.get("decoder") or {}
-        if decoder.get("type") != "WordPiece":
-            refuse_tokenizer("decoder", decoder, "expected WordPiece")
+        decoder = expect_component(spec, "decoder", lambda d: d.get("type") == "WordPiece",
+                                   "expected WordPiece")
         model = spec["model"]
         vocab = model["vocab"]
         if sorted(vocab.values()) != list(range(len(vocab))):
@@ -102,10 +99,7 @@ class WordPieceTokenizer(CheckpointTokenizer):
         added, special = added_tokens(spec, normalized_ok=True)
         if any(vocab.get(token) != index for token, index in added.items()):
             refuse_tokenizer("added_tokens", added, "added tokens outside the vocabulary")
-        tokens = id_table(vocab, added)
-        prefix, suffix = template_ids(spec.get("post_processor"), vocab.get)
-        super().__init__("wordpiece", tokens, added, special, prefix, suffix,
-                         special_ids(directory, vocab.get))
+        tokens = self.init_from_spec("wordpiece", spec, directory, vocab, added, special)
         self._clean = normalizer.get("clean_text", True)
         self._chinese = normalizer.get("handle_chinese_chars", True)
         self._lowercase = normalizer.get("lowercase", True)

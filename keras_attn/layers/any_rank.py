@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from keras import ops
 
-from keras_attn.layers.base import padding_masks
+from keras_attn.layers.base import as_shape, padding_masks
 from keras_attn.ops.axes import AttentionAxes, normalize_axes
 
 
@@ -79,8 +79,8 @@ class AnyRankInputs:
     def check_inputs(self, query_shape, key_shape, value_shape) -> None:
         """As every attention layer for rank-3 inputs; for inputs of rank > 3, the same rank,
         batch and other axes, and keys and values of one shape but the features."""
-        query_shape, key_shape, value_shape = (tuple(s) for s in (query_shape, key_shape,
-                                                                   value_shape))
+        query_shape, key_shape, value_shape = (as_shape(n, s) for n, s in (
+            ("query", query_shape), ("key", key_shape), ("value", value_shape)))
         if len(query_shape) == 3 and len(key_shape) == 3 and len(value_shape) == 3:
             super().check_inputs(query_shape, key_shape, value_shape)
             axes = AttentionAxes(3, (1,))

@@ -18,8 +18,30 @@ from keras_attn.layers.base import check_positive_int, check_rate
 from keras_attn.layers.dropout import Dropout
 
 
+class GRUFields:
+    """The constructor fields every Bahdanau piece keeps (the cell here, the encoder and decoder
+    in `keras_attn.models.bahdanau`): `units` of the GRU states, `num_layers` stacked GRUs,
+    `dropout` between them and its `seed`, and any further sizes (`vocab_size`, `embed_dim`),
+    each checked, set as an attribute of that name, and written back by `gru_fields()`."""
+
+    def set_gru_fields(self, units: int, num_layers: int, dropout: float, seed: int | None,
+                       **sizes: int) -> None:
+        for name, value in (*sizes.items(), ("units", units), ("num_layers", num_layers)):
+            check_positive_int(name, value)
+        check_rate("dropout", dropout)
+        fields = {**sizes, "units": units, "num_layers": num_layers, "dropout": dropout,
+                  "seed": seed}
+        for name, value in fields.items():
+            setattr(self, name, value)
+        self.gru_field_names = tuple(fields)
+
+    def gru_fields(self) -> dict:
+        """The fields by name, for `get_config`."""
+        return {name: getattr(self, name) for name in self.gru_field_names}
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
-class BahdanauCell(keras.layers.Layer):
+class BahdanauCell(GRUFields, keras.layers.Layer):
     """One step of the Bahdanau decoder, as a cell for `keras.layers.RNN`.
 
     With y_{t'-1} the embedded previous token, s_{t'-1} the previous state of the last GRU
@@ -73,13 +95,7 @@ class BahdanauCell(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("units", units)
-        check_positive_int("num_layers", num_layers)
-        check_rate("dropout", dropout)
-        self.units = units
-        self.num_layers = num_layers
-        self.dropout = dropout
-        self.seed = seed
+        self.set_gru_fields(units, num_layers, dropout, seed)
         # For keras.layers.RNN: the GRU states, then the memory (h, W_k h, mask) per sequence.
         self.state_size = [units] * num_layers + [(None, units), (None, units), (None,)]
         self.output_size = units
@@ -150,12 +166,5 @@ class BahdanauCell(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "units": self.units,
-                "num_layers": self.num_layers,
-                "dropout": self.dropout,
-                "seed": self.seed,
-            }
-        )
+        config.update(self.gru_fields())
         return config

@@ -11,6 +11,7 @@ to the subclass's `attend`.
 from __future__ import annotations
 
 import inspect
+import numbers
 
 import keras
 from keras import ops
@@ -24,6 +25,20 @@ from keras_attn._checks import (  # noqa: F401 - re-exported for the layers
 )
 from keras_attn.ops import AttentionMask
 from keras_attn.ops.masks import hide_positions
+
+
+def as_shape(name: str, shape) -> tuple:
+    """`shape` (a tuple, list or `TensorShape` of sizes, None for unknown) as a tuple; anything
+    else is a ValueError naming the argument `<name>_shape`."""
+    sizes = tuple(shape) if isinstance(shape, (tuple, list)) or hasattr(
+        shape, "as_list") else None
+    if sizes is None or not all(s is None or (isinstance(s, numbers.Integral)
+                                              and not isinstance(s, bool)) for s in sizes):
+        raise ValueError(
+            f"Argument `{name}_shape` must be a shape: a tuple of sizes (None for unknown). "
+            f"Received: {name}_shape={shape!r}"
+        )
+    return tuple(None if s is None else int(s) for s in sizes)
 
 
 def check_last_dim(name: str, shape, expected, other: str) -> None:
@@ -80,6 +95,8 @@ class BaseAttention(keras.layers.Layer):
     def check_inputs(self, query_shape, key_shape, value_shape) -> None:
         """Ranks are among `input_ranks`, batch sizes agree, keys and values have one length."""
         ranks = " or ".join(str(r) for r in self.input_ranks)
+        query_shape, key_shape, value_shape = (as_shape(n, s) for n, s in (
+            ("query", query_shape), ("key", key_shape), ("value", value_shape)))
         for name, shape in (("query", query_shape), ("key", key_shape), ("value", value_shape)):
             if len(shape) not in self.input_ranks:
                 raise ValueError(
@@ -94,7 +111,7 @@ class BaseAttention(keras.layers.Layer):
                 )
         if None not in (key_shape[1], value_shape[1]) and key_shape[1] != value_shape[1]:
             raise ValueError(
-                "Arguments `key` and `value` must have the same length (axis 1). Received: "
+                "Arguments `key` and `value` must be equal in length (axis 1). Received: "
                 f"key.shape={tuple(key_shape)}, value.shape={tuple(value_shape)}"
             )
 

@@ -11,26 +11,43 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.layers.bahdanau import BahdanauCell
-from keras_attn.layers.base import check_positive_int, check_rate
+from keras_attn.layers.bahdanau import BahdanauCell, GRUFields
+from keras_attn.layers.base import check_positive_int
 from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.quantization import QuantizedSublayers
 from keras_attn.tokens import PAD_ID
 
 
-def _check_sizes(vocab_size, embed_dim, units, num_layers, dropout) -> None:
-    for name, value in (
-        ("vocab_size", vocab_size),
-        ("embed_dim", embed_dim),
-        ("units", units),
-        ("num_layers", num_layers),
+class _BahdanauStack(GRUFields, QuantizedSublayers, keras.layers.Layer):
+    """The constructor and config the encoder and the decoder share (their class docstrings
+    give the arguments); each makes its sublayers in `make_sublayers`."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        units: int,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        seed: int | None = None,
+        **kwargs,
     ):
-        check_positive_int(name, value)
-    check_rate("dropout", dropout)
+        super().__init__(**kwargs)
+        self.set_gru_fields(units, num_layers, dropout, seed, vocab_size=vocab_size,
+                            embed_dim=embed_dim)
+        self.make_sublayers()
+
+    def make_sublayers(self) -> None:
+        raise NotImplementedError
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({**self.gru_fields(), "dtype": self.dtype_config()})
+        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class BahdanauEncoder(QuantizedSublayers, keras.layers.Layer):
+class BahdanauEncoder(_BahdanauStack):
     """GRU encoder: embedding (id 0 = padding, masked) → a stack of GRU layers.
 
     Padding is skipped by the GRUs, so the final state of a sequence is its state after its
@@ -63,35 +80,19 @@ class BahdanauEncoder(QuantizedSublayers, keras.layers.Layer):
         Translate", https://arxiv.org/abs/1409.0473
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        embed_dim: int,
-        units: int,
-        num_layers: int = 1,
-        dropout: float = 0.0,
-        seed: int | None = None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        _check_sizes(vocab_size, embed_dim, units, num_layers, dropout)
-        self.vocab_size = vocab_size
-        self.embed_dim = embed_dim
-        self.units = units
-        self.num_layers = num_layers
-        self.dropout = dropout
-        self.seed = seed
+    def make_sublayers(self) -> None:
         self.embedding = keras.layers.Embedding(
-            vocab_size, embed_dim, mask_zero=True, name="embedding", dtype=self.dtype_policy
-        )
+            self.vocab_size, self.embed_dim, mask_zero=True, name="embedding",
+            dtype=self.dtype_policy)
         self.grus = [
             keras.layers.GRU(
-                units, return_sequences=True, return_state=True, name=f"gru_{i}",
+                self.units, return_sequences=True, return_state=True, name=f"gru_{i}",
                 dtype=self.dtype_policy,
             )
-            for i in range(num_layers)
+            for i in range(self.num_layers)
         ]
-        self.dropout_layer = Dropout(dropout, seed=seed, name="dropout", dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(self.dropout, seed=self.seed, name="dropout",
+                                     dtype=self.dtype_policy)
 
     def build(self, source_ids_shape):
         if len(source_ids_shape) != 2:
@@ -122,24 +123,9 @@ class BahdanauEncoder(QuantizedSublayers, keras.layers.Layer):
     def compute_mask(self, source_ids, mask=None):
         return None
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocab_size": self.vocab_size,
-                "embed_dim": self.embed_dim,
-                "units": self.units,
-                "num_layers": self.num_layers,
-                "dropout": self.dropout,
-                "seed": self.seed,
-                "dtype": self.dtype_config(),
-            }
-        )
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class BahdanauDecoder(QuantizedSublayers, keras.layers.Layer):
+class BahdanauDecoder(_BahdanauStack):
     """GRU decoder with additive attention over the encoder states at every step.
 
     embedding → `keras.layers.RNN(BahdanauCell)` → dense. The decoder's initial states are the
@@ -183,33 +169,18 @@ class BahdanauDecoder(QuantizedSublayers, keras.layers.Layer):
         Translate", https://arxiv.org/abs/1409.0473
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        embed_dim: int,
-        units: int,
-        num_layers: int = 1,
-        dropout: float = 0.0,
-        seed: int | None = None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        _check_sizes(vocab_size, embed_dim, units, num_layers, dropout)
-        self.vocab_size = vocab_size
-        self.embed_dim = embed_dim
-        self.units = units
-        self.num_layers = num_layers
-        self.dropout = dropout
-        self.seed = seed
+    def make_sublayers(self) -> None:
         policy = self.dtype_policy
         self.embedding = keras.layers.Embedding(
-            vocab_size, embed_dim, name="embedding", dtype=policy
+            self.vocab_size, self.embed_dim, name="embedding", dtype=policy
         )
-        cell = BahdanauCell(units, num_layers, dropout, seed, name="cell", dtype=policy)
+        cell = BahdanauCell(self.units, self.num_layers, self.dropout, self.seed, name="cell",
+                            dtype=policy)
         self.rnn = keras.layers.RNN(cell, return_sequences=True, name="rnn", dtype=policy)
         # The vocabulary projection runs in the compute dtype and its logits are cast to
         # float32 (the Keras mixed-precision guide's advice: a mixed Dense, a float32 softmax).
-        self.output_dense = keras.layers.Dense(vocab_size, name="output_dense", dtype=policy)
+        self.output_dense = keras.layers.Dense(self.vocab_size, name="output_dense",
+                                               dtype=policy)
 
     @property
     def cell(self) -> BahdanauCell:
@@ -310,21 +281,6 @@ class BahdanauDecoder(QuantizedSublayers, keras.layers.Layer):
             return logits
         weights_shape = tuple(target_ids.shape) + (encoder_outputs[0].shape[1],)
         return logits, keras.KerasTensor(weights_shape, dtype=self.compute_dtype)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "vocab_size": self.vocab_size,
-                "embed_dim": self.embed_dim,
-                "units": self.units,
-                "num_layers": self.num_layers,
-                "dropout": self.dropout,
-                "seed": self.seed,
-                "dtype": self.dtype_config(),
-            }
-        )
-        return config
 
 
 

@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_attn.layers.base import check_positive_int
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
+from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.transformer_blocks import (
     TransformerDecoderBlock,
     TransformerEncoderBlock,
@@ -312,8 +313,13 @@ def transformer_seq2seq(
                     "ffn_dim": ffn_dim, "dropout": dropout, "norm_first": norm_first,
                     "implementation": implementation, "chunk_size": chunk_size,
                     "sliding_window": sliding_window, **kwargs}
-    encoder = TransformerEncoder(source_vocab_size, **stack_kwargs, name="encoder")
-    decoder = TransformerDecoder(target_vocab_size, **stack_kwargs, name="decoder")
+    # A given initializer becomes one per stack (a seeded one derives a seed per stack): the
+    # encoder's and the decoder's sublayers have the same names, and would start as copies.
+    init = stack_kwargs.pop("kernel_initializer", None)
+    encoder = TransformerEncoder(source_vocab_size, **stack_kwargs, name="encoder", **(
+        {} if init is None else {"kernel_initializer": sublayer_initializer(init, "encoder")}))
+    decoder = TransformerDecoder(target_vocab_size, **stack_kwargs, name="decoder", **(
+        {} if init is None else {"kernel_initializer": sublayer_initializer(init, "decoder")}))
     source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
     target_in_ids = keras.Input(shape=(None,), dtype="int32", name="target_in_ids")
     encoder_outputs = encoder(source_ids)  # (B, S, d)
