@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_attn import ops as attn_ops
+from keras_attn import tuning
 from keras_attn._checks import as_int, check_bool, check_one_of, static_int
 from keras_attn.layers.any_rank import AnyRankInputs
 from keras_attn.layers.base import BaseAttention
@@ -303,8 +304,13 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             key_len=None if cache is None else ops.shape(cache[0])[2], causal_offset=offset,
             **self._window(),
         )
-        q = self._rotate(self.split_heads(xla_dense(self.query_dense, query)), offset)
-        k, v = self._keys_and_values(key, value, cache, cache_update_index, offset)
+        if cache is None or cache_update_index is not None:  # this call's keys and values
+            q, k, v = self._project_self(query, key, value, offset)
+        else:  # keys and values of a cache as they are
+            q, k, v = self._rotate(self.split_heads(xla_dense(self.query_dense, query)),
+                                   offset), None, None
+        if cache is not None:
+            k, v = self._write_cache(cache, k, v, cache_update_index, offset)
         k_all, v_all, mask = self._append_extra_keys(k, v, mask)  # torch's options
         if attention_bias is not None:
             attention_bias = check_bias(attention_bias, q, k_all)
@@ -321,18 +327,29 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             results += (weights,)
         return results[0] if len(results) == 1 else results
 
-    def _keys_and_values(self, key, value, cache, cache_update_index, offset):
-        """The projected keys and values `(B, H_kv, S, ·)` to attend to, rotated at their
-        positions: this call's, the cache as it is, or the cache with this call's written in
-        at `cache_update_index`."""
-        if cache is None:
-            return self.project_keys(key, value, 0)
+    def _project_self(self, query, key, value, offset):
+        """This call's rotated queries `(B, H, T, dk)` and keys and values `(B, H_kv, S, ·)`;
+        self-attention projects its one input by one product (`tuning.fused_dense`) and splits
+        the heads with one transpose."""
+        layers = (self.query_dense, self.key_dense, self.value_dense)
+        if not (query is key and key is value and self.key_dim == self.value_dim
+                and tuning.can_fuse(layers)):
+            q = self._rotate(self.split_heads(xla_dense(self.query_dense, query)), offset)
+            return (q,) + self.project_keys(key, value, offset)
+        heads = self.num_heads + 2 * self.num_key_value_heads
+        x = attn_ops.split_heads(tuning.fused_dense(layers, query), heads)  # (B, H + 2H_kv, T, d)
+        q, k, v = ops.split(x, [self.num_heads, self.num_heads + self.num_key_value_heads],
+                            axis=1)  # (B, H, T, d), (B, H_kv, T, d) twice
+        return self._rotate(q, offset), self._rotate(k, offset), v
+
+    def _write_cache(self, cache, k, v, cache_update_index, offset):
+        """The keys and values `(B, H_kv, S_max, ·)` to attend to: the cache as it is
+        (`cache_update_index=None`), or with this call's `k`, `v` written at the index."""
         if cache_update_index is None:
             return cache
-        new_k, new_v = self.project_keys(key, value, offset)  # (B, H_kv, T, d)
         start = (0, 0, offset, 0)
-        return (ops.slice_update(cache[0], start, ops.cast(new_k, cache[0].dtype)),
-                ops.slice_update(cache[1], start, ops.cast(new_v, cache[1].dtype)))
+        return (ops.slice_update(cache[0], start, ops.cast(k, cache[0].dtype)),
+                ops.slice_update(cache[1], start, ops.cast(v, cache[1].dtype)))
 
     def project_keys(self, key, value, start_index=0):
         """`(B, S, ·)` keys and values -> `(B, H_kv, S, key_dim)`, `(B, H_kv, S, value_dim)`,
