@@ -12,7 +12,7 @@ from keras_attn import tuning
 from keras_attn._checks import as_int, check_bool, check_one_of, static_int
 from keras_attn.layers.any_rank import AnyRankInputs
 from keras_attn.layers.base import BaseAttention
-from keras_attn.layers.cache import KeyValueCache
+from keras_attn.layers.cache import KeyValueCache, as_cache_index
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.position_bias import (
     AlibiBias,
@@ -296,7 +296,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         combine heads."""
         if cache is not None:
             self.check_cache(cache, query, key, cache_update_index)
-        offset = _as_index(0 if cache_update_index is None else cache_update_index)
+        offset = as_cache_index(0 if cache_update_index is None else cache_update_index)
         query, key, value, mask = self.prepare(
             query, key, value, valid_lens, attention_mask,
             use_causal_mask or cache_update_index is not None,  # a cache's later slots: unwritten
@@ -310,7 +310,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             q, k, v = self._rotate(self.split_heads(xla_dense(self.query_dense, query)),
                                    offset), None, None
         if cache is not None:
-            k, v = self._write_cache(cache, k, v, cache_update_index, offset)
+            k, v = self.write_cache(cache, k, v, cache_update_index, offset)
         k_all, v_all, mask = self._append_extra_keys(k, v, mask)  # torch's options
         if attention_bias is not None:
             attention_bias = check_bias(attention_bias, q, k_all)
@@ -341,15 +341,6 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         q, k, v = ops.split(x, [self.num_heads, self.num_heads + self.num_key_value_heads],
                             axis=1)  # (B, H, T, d), (B, H_kv, T, d) twice
         return self._rotate(q, offset), self._rotate(k, offset), v
-
-    def _write_cache(self, cache, k, v, cache_update_index, offset):
-        """The keys and values `(B, H_kv, S_max, ·)` to attend to: the cache as it is
-        (`cache_update_index=None`), or with this call's `k`, `v` written at the index."""
-        if cache_update_index is None:
-            return cache
-        start = (0, 0, offset, 0)
-        return (ops.slice_update(cache[0], start, ops.cast(k, cache[0].dtype)),
-                ops.slice_update(cache[1], start, ops.cast(v, cache[1].dtype)))
 
     def project_keys(self, key, value, start_index=0):
         """`(B, S, ·)` keys and values -> `(B, H_kv, S, key_dim)`, `(B, H_kv, S, value_dim)`,
@@ -414,16 +405,6 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         extra = int(self.add_bias_kv) + int(self.add_zero_attn)
         key_len = None if key_shape[1] is None else key_shape[1] + extra
         return (query_shape[0], self.num_heads, query_shape[1], key_len)
-
-    def compute_output_spec(self, *args, **kwargs):
-        spec = super().compute_output_spec(*args, **kwargs)
-        cache = kwargs.get("cache")
-        if cache is None:
-            return spec
-        cache_spec = tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache)
-        if isinstance(spec, tuple):
-            return spec[0], cache_spec, spec[1]
-        return spec, cache_spec
 
     def get_config(self):
         config = super().get_config()
@@ -512,12 +493,6 @@ def _output_shape(output_dim, output_shape):
             )
         return (shape[0] if len(shape) == 1 else None), shape
     return output_dim, (None if output_dim is None else (output_dim,))
-
-
-def _as_index(index):
-    """A cache index as a Python int, or an int32 scalar tensor (any integer dtype in)."""
-    static = static_int(index)
-    return static if static is not None else ops.cast(index, "int32")
 
 
 def _append_key(x, extra):
