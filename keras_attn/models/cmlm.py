@@ -89,10 +89,8 @@ class CMLMDecoder(_Stack):
 
     def call(self, inputs, encoder_outputs, encoder_padding_mask=None, training=None,
              padding_mask=None):
-        if encoder_padding_mask is None:
-            encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
-        padding_mask = self.padding_mask(inputs, padding_mask)  # (B, T)
-        x = self.embedding(inputs, training=training)  # (B, T, d)
+        x, padding_mask, encoder_padding_mask = self._embed(
+            inputs, padding_mask, encoder_outputs, encoder_padding_mask, training)  # (B, T, d)
         for block in self.blocks:
             x = block(x, encoder_outputs, decoder_padding_mask=padding_mask,
                       encoder_padding_mask=encoder_padding_mask, training=training)

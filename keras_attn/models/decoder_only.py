@@ -161,8 +161,7 @@ class TransformerDecoderOnly(_Stack):
         return x, new_caches, weights
 
     def call(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
-        padding_mask = self.padding_mask(inputs, padding_mask)  # (B, T)
-        x = self.embedding(inputs, training=training)  # (B, T, d)
+        x, padding_mask, _ = self._embed(inputs, padding_mask, training=training)  # (B, T, d)
         x, _, weights = self._run_blocks(x, padding_mask, None, None, return_attention_scores,
                                          training)
         logits = self._logits(x)  # (B, T, V)

@@ -72,8 +72,8 @@ class TransformerEncoder(_Stack):
 
     def call(self, inputs, padding_mask=None, token_type_ids=None,
              return_attention_scores=False, training=None):
-        padding_mask = self.padding_mask(inputs, padding_mask)  # (B, S)
-        x = self.embedding(inputs, token_type_ids=token_type_ids, training=training)
+        x, padding_mask, _ = self._embed(inputs, padding_mask, training=training,
+                                         token_type_ids=token_type_ids)  # (B, S, d), (B, S)
         weights = []
         for block in self.blocks:
             x = block(x, padding_mask=padding_mask,
@@ -194,12 +194,11 @@ class TransformerDecoder(_Stack):
 
     def call(self, inputs, encoder_outputs, encoder_padding_mask=None,
              return_attention_scores=False, training=None, padding_mask=None):
-        if encoder_padding_mask is None:
-            encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
-        x = self.embedding(inputs, training=training)  # (B, T, d)
+        x, padding_mask, encoder_padding_mask = self._embed(
+            inputs, padding_mask, encoder_outputs, encoder_padding_mask, training)  # (B, T, d)
         x, _, weights = self._run_blocks(
             x, return_attention_scores, encoder_outputs, encoder_padding_mask,
-            decoder_padding_mask=self.padding_mask(inputs, padding_mask), training=training)
+            decoder_padding_mask=padding_mask, training=training)
         logits = self._logits(x)  # (B, T, V)
         if return_attention_scores:
             return logits, ops.cast(ops.stack(weights, axis=1), "float32")  # (B, L, H, T, S)
