@@ -43,7 +43,8 @@ PARTS = (
     ("tied head (x E^T)", r"(head|gpt2_causal_lm)/token_embedding"),
     ("embeddings", r"embedding|embeddings_add"),
     ("attention projections",
-     r"self_attention/(query|key|value|output)(_dense)?/|self_attention/attention_output/"),
+     (r"self_attention/(query|key|value|output)(_dense)?/|self_attention/attention_output/"
+      r"|self_attention/(Tensordot|add(_\d+)?$|add/)")),
     ("attention core (scores, softmax, mask, weighted sum)", r"self_attention"),
     ("FFN", r"ffn|feedforward_(intermediate|output)"),
     ("norms", r"norm"),
@@ -66,9 +67,18 @@ def parse_args(argv=None):
     return own, bf16_args(rest)
 
 
-def part_of(name: str) -> str:
-    """The model part (`PARTS`) an op belongs to, by its name."""
+# Ops of a custom gradient's backward function carry no layer scope in TensorFlow's graph
+# ("MatMul_3", "ArithmeticOptimizer/FoldTransposeIntoMatMul_MatMul_1"): in keras_attn's step
+# those are the dense attention kernel's fused backward.
+UNSCOPED_ATTENTION_OPS = ("_MklBatchMatMulV2", "_MklTranspose", "Mul", "Sub", "SelectV2",
+                          "ConcatV2", "Sum", "Cast", "Exp")
+
+
+def part_of(name: str, op_type: str = "") -> str:
+    """The model part (`PARTS`) an op belongs to, by its name (and type, for unscoped ops)."""
     name = re.sub(r"_\d+(?=/|$)", "", name)  # Keras' call-count suffixes: "head_1" -> "head"
+    if "/" not in name.replace("ArithmeticOptimizer/", "") and op_type in UNSCOPED_ATTENTION_OPS:
+        return "attention core (scores, softmax, mask, weighted sum)"
     for part, pattern in PARTS:
         if re.search(pattern, name):
             return part
@@ -104,7 +114,8 @@ def profile_lm(own, args) -> None:
                 walls[name] += (time.perf_counter() - start) / own.steps
                 tf.profiler.experimental.stop()
                 totals[name] += op_times(logdir, own.steps,
-                                         keys=lambda op, _: (part_of(op.rsplit(":", 1)[0]),))
+                                         keys=lambda op, kind: (
+                                             part_of(op.rsplit(":", 1)[0], kind),))
             finally:
                 shutil.rmtree(logdir, ignore_errors=True)
     print(f"batch {batch}, {own.steps} profiled steps each, alternating; op time per step in "
