@@ -336,10 +336,16 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
                 and tuning.can_fuse(layers)):
             q = self._rotate(self.split_heads(xla_dense(self.query_dense, query)), offset)
             return (q,) + self.project_keys(key, value, offset)
-        heads = self.num_heads + 2 * self.num_key_value_heads
-        x = attn_ops.split_heads(tuning.fused_dense(layers, query), heads)  # (B, H + 2H_kv, T, d)
-        q, k, v = ops.split(x, [self.num_heads, self.num_heads + self.num_key_value_heads],
-                            axis=1)  # (B, H, T, d), (B, H_kv, T, d) twice
+        x = tuning.fused_dense(layers, query)  # (B, T, (H + 2 H_kv) · d)
+        if self.num_key_value_heads == self.num_heads:
+            # One transpose puts q, k, v first; splitting the first axis copies nothing.
+            shape = tuple(ops.shape(x)[:2]) + (3, self.num_heads, self.key_dim)
+            x = ops.transpose(ops.reshape(x, shape), (2, 0, 3, 1, 4))  # (3, B, H, T, d)
+            q, k, v = (ops.squeeze(part, 0) for part in ops.split(x, 3, axis=0))  # (B, H, T, d)
+        else:
+            x = attn_ops.split_heads(x, self.num_heads + 2 * self.num_key_value_heads)
+            q, k, v = ops.split(x, [self.num_heads, self.num_heads + self.num_key_value_heads],
+                                axis=1)  # (B, H, T, d), (B, H_kv, T, d) twice
         return self._rotate(q, offset), self._rotate(k, offset), v
 
     def project_keys(self, key, value, start_index=0):
