@@ -29,10 +29,12 @@ Switches, read on every trace (set them with `configure`, before building the gr
   kernels would otherwise fold into slow product forms.
 - `xla_dense_projections` (bool, default True): under XLA, `MultiHead`'s projections use a
   Dense product whose kernel gradient reads a transposed copy (`xla_dense`).
-- `fuse_projections` (bool, default True): outside XLA, self-attention projects its input to
+- `fuse_projections` (bool, default False): outside XLA, self-attention projects its input to
   queries, keys and values with one product by the three kernels side by side
   (`fused_dense`), and splits the heads with one transpose: one product, bias add, transpose
-  and kernel gradient instead of three in each pass.
+  and kernel gradient instead of three in each pass. Off: on the shared 2-core AMD EPYC the
+  `causal_lm` training step of `benchmarks/lm_training_speed.py` (T = 128) took 1.07x as long
+  with it, twice (benchmarks/RESULTS.md); a hypothesis for other machines.
 
 Example:
 >>> from keras_attn import tuning
@@ -63,7 +65,7 @@ class Switches:
     squeeze_single_matrix: bool = True
     xla_barriers: bool = True
     xla_dense_projections: bool = True
-    fuse_projections: bool = True
+    fuse_projections: bool = False
 
 
 SWITCHES = Switches()
