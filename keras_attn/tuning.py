@@ -15,7 +15,9 @@ Switches, read on every trace (set them with `configure`, before building the gr
   iteration at a time anyway.
 - `block_budget` (int, default 2**25) and `min_chunk_size` (int, default 128): `chunk_size=None`
   in the blockwise kernel picks the largest power of two, at least `min_chunk_size`, that keeps
-  one block at `block_budget` scores per sequence and head.
+  one block at `block_budget` scores over all the sequences and heads it spans
+  (`auto_chunk_size`); the dense kernel's backward folds row terms only below `block_budget`
+  scores per head.
 - `fold_row_terms` (bool, default True): where float32 products are exact, a per-row term rides
   along in a product as one more column (`[Q, -L] [K, 1]ᵀ = Q Kᵀ - L`), saving one pass over a
   `(T, S)` block. Never for 16-bit inputs, TF32 or TPU products (the term would be rounded),
@@ -27,6 +29,12 @@ Switches, read on every trace (set them with `configure`, before building the gr
   kernels would otherwise fold into slow product forms.
 - `xla_dense_projections` (bool, default True): under XLA, `MultiHead`'s projections use a
   Dense product whose kernel gradient reads a transposed copy (`xla_dense`).
+- `fuse_projections` (bool, default False): outside XLA, self-attention projects its input to
+  queries, keys and values with one product by the three kernels side by side
+  (`fused_dense`), and splits the heads with one transpose: one product, bias add, transpose
+  and kernel gradient instead of three in each pass. Off: on the shared 2-core AMD EPYC the
+  `causal_lm` training step of `benchmarks/lm_training_speed.py` (T = 128) took 1.07x as long
+  with it, twice (benchmarks/RESULTS.md); a hypothesis for other machines.
 
 Example:
 >>> from keras_attn import tuning
@@ -57,6 +65,7 @@ class Switches:
     squeeze_single_matrix: bool = True
     xla_barriers: bool = True
     xla_dense_projections: bool = True
+    fuse_projections: bool = False
 
 
 SWITCHES = Switches()
@@ -117,18 +126,32 @@ def fori_loop(upper, body, init):
     return ops.fori_loop(0, upper, body, init)
 
 
-def auto_chunk_size(query_len, key_len=None) -> int:
+def auto_chunk_size(query_len, key_len=None, lead: int = 1) -> int:
     """The key-block size that `chunk_size=None` means for `query_len` rows per block: the
     largest power of two, at least `min_chunk_size`, keeping a block at `block_budget` scores
-    (512 when `query_len` is unknown). When `key_len` is given and is not an int (unknown
-    inside a graph) a block holds at most `max(min_chunk_size, 1024)` keys: the keys are then
-    padded to whole blocks, and a block sized for one query row (2**25 keys) would pad a few
-    keys to millions of rows."""
+    over all the `lead` sequences and heads it spans (512 when `query_len` is unknown). The
+    training step holds several such blocks at once (scores, weights and their gradients, for
+    each of `loop_parallelism` iterations), so the budget bounds its memory: a causal LM
+    training at T = 16,384 with 4 heads peaked at 5.04 GiB with the blocks a single head
+    would get (2048 keys) and 2.34 GiB with 512 (benchmarks/RESULTS.md). Sequences whose
+    `lead · T · S` scores fit the budget stay one block (the dense kernel's fused path).
+
+    When `key_len` is given and is not an int (unknown inside a graph) a block holds at most
+    `max(min_chunk_size, 1024)` keys: the keys are then padded to whole blocks, and a block
+    sized for one query row (2**25 keys) would pad a few keys to millions of rows.
+
+    Args:
+        query_len: int (or None, unknown), query rows per block.
+        key_len: optional int or scalar tensor, the number of keys.
+        lead: int, the sequences times heads of one block (the product of the scores'
+            leading axes; axes unknown when traced count 1). Defaults to `1`.
+    """
+    lead = max(1, int(lead))
     if not isinstance(query_len, int) or query_len <= 0:
         size = 512
     else:
         size = SWITCHES.min_chunk_size
-        while size * 2 * query_len <= SWITCHES.block_budget:
+        while size * 2 * query_len * lead <= SWITCHES.block_budget:
             size *= 2
     if key_len is not None and not isinstance(key_len, int):
         size = min(size, max(SWITCHES.min_chunk_size, 1024))
@@ -290,3 +313,46 @@ def xla_dense(layer: keras.layers.Dense, inputs: Any) -> Any:
         return y, grad
 
     return layer.activation(dense(ops.cast(inputs, dtype), *params))
+
+
+# ---- fused projections -----------------------------------------------------------------------
+
+def _plain_dense(layer) -> bool:
+    """A built float `keras.layers.Dense` computing `x W + b` only: no LoRA, quantization,
+    activation or activity regularizer."""
+    return (isinstance(layer, keras.layers.Dense) and layer.built
+            and not getattr(layer, "lora_enabled", False)
+            and getattr(layer, "quantization_mode", None) is None
+            and layer.activity_regularizer is None
+            and layer.activation is keras.activations.linear)
+
+
+def can_fuse(layers) -> bool:
+    """Whether `fused_dense(layers, x)` takes one product (`fuse_projections`): plain float
+    `Dense` layers of one compute dtype, all with a bias or none, outside XLA (whose compiler
+    fuses the products itself, and where `xla_dense` applies)."""
+    return (SWITCHES.fuse_projections and not in_xla_context()
+            and all(_plain_dense(layer) for layer in layers)
+            and len({layer.compute_dtype for layer in layers}) == 1
+            and len({layer.bias is None for layer in layers}) == 1)
+
+
+def fused_dense(layers, inputs) -> Any:
+    """`concat([layer(inputs) for layer in layers], -1)` as one product `x [W_1 ... W_n] +
+    [b_1 ... b_n]`, for layers that `can_fuse`. The kernels stay the layers' own variables
+    (checkpoints, LoRA and quantization see them unchanged); their gradients are slices of
+    the product's.
+
+    Args:
+        layers: built `keras.layers.Dense` layers with one input size.
+        inputs: `(..., m)`.
+
+    Returns:
+        `(..., sum of the layers' units)`.
+    """
+    dtype = layers[0].compute_dtype
+    kernel = ops.concatenate([ops.cast(layer.kernel, dtype) for layer in layers], axis=-1)
+    outputs = ops.matmul(ops.cast(inputs, dtype), kernel)  # (..., n_1 + ... + n_k)
+    if layers[0].bias is not None:
+        outputs = outputs + ops.concatenate([ops.cast(layer.bias, dtype) for layer in layers])
+    return outputs

@@ -94,7 +94,8 @@ def test_decode_steps_equal_teacher_forced_pass():
     encoder, decoder = model.get_layer("encoder"), model.get_layer("decoder")
     state = decoder.init_decode_state(encoder(SOURCE), SOURCE, max_length=4)
     for index in range(TARGET_IN.shape[1]):
-        step_logits, state, step_weights = decoder.decode_step(TARGET_IN[:, index], index, state)
+        step_logits, state, step_weights = decoder.decode_step(TARGET_IN[:, index], index, state,
+                                                               return_attention=True)
         assert dtype_of(step_logits) == "float32" and step_weights.shape == (3, 5)
         assert_allclose(step_logits, logits[:, index], atol=1e-5)
         assert_allclose(step_weights, weights[:, index], atol=1e-5)

@@ -106,7 +106,7 @@ def test_cached_steps_equal_the_full_pass_with_groups(position_encoding):
     prefix, state, _ = decoder.decode_step(ids[:, :4], 0, state)  # a prompt at once
     steps = [to_np(prefix)]
     for i in range(4, 9):
-        logits, state, attention = decoder.decode_step(ids[:, i], i, state)
+        logits, state, attention = decoder.decode_step(ids[:, i], i, state, return_attention=True)
         steps.append(to_np(logits)[:, None])
     assert attention.shape == (2, 2, 4, 9)
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)

@@ -114,9 +114,9 @@ def test_stacks_return_the_weights_they_are_asked_for():
     assert weights.shape == (2, 2, 4, 7, 7)
     assert_allclose(np.triu(as_np(weights)[0, 0, 0], 1), 0.0)  # causal
     state = decoder.init_decode_state(2, 7)
-    _, state, none = decoder.decode_step(LM_IDS[:, 0], 0, state, return_attention=False)
+    _, state, none = decoder.decode_step(LM_IDS[:, 0], 0, state)  # not asked: not formed
     assert none is None
-    _, _, attention = decoder.decode_step(LM_IDS[:, 1], 1, state)
+    _, _, attention = decoder.decode_step(LM_IDS[:, 1], 1, state, return_attention=True)
     assert attention.shape == (2, 2, 4, 7)
     encoder = TransformerEncoder(19, **SIZES)
     hidden, weights = encoder(SOURCE, return_attention_scores=True)
@@ -257,6 +257,43 @@ def test_pad_id_none_makes_every_id_a_token_and_explicit_masks_still_work():
     real = ids[0] != 0  # a padded position's output still holds its own token's vector
     assert_allclose(to_np(shifted(np.where(ids == 0, 23, ids)))[:, real],
                     to_np(with_pad(ids))[:, real], atol=1e-5)
+
+
+def test_every_stack_takes_an_explicit_padding_mask_as_pad_id_would_give_it():
+    """Encoder, decoder, decoder-only and CMLM stacks take `padding_mask` alike: with
+    `pad_id=None` an explicit mask equals the padding `pad_id=0` finds (and differs from no
+    mask at all)."""
+    ids = np.array([[2, 0, 6, 7], [2, 9, 0, 5]], "int32")  # padding that later tokens see
+    memory = np.random.default_rng(3).normal(size=(2, 5, 16)).astype("float32")
+    stacks = [
+        (ka.models.TransformerEncoder, ()), (ka.models.TransformerDecoder, (memory,)),
+        (TransformerDecoderOnly, ()), (CMLMDecoder, (memory,))]
+    for cls, extra in stacks:
+        padded, plain = (cls(24, **SIZES, pad_id=pad_id) for pad_id in (0, None))
+        padded(ids, *extra)
+        plain(ids, *extra)
+        randomize(padded)
+        plain.set_weights(padded.get_weights())
+        real = ids != 0
+        # Column 0: the CMLM never emits its padding id (logit -1e9) only under pad_id=0.
+        explicit = to_np(plain(ids, *extra, padding_mask=real))[real][:, 1:]
+        assert_allclose(explicit, to_np(padded(ids, *extra))[real][:, 1:], atol=1e-5)
+        differs = np.abs(explicit - to_np(plain(ids, *extra))[real][:, 1:])
+        assert differs.max() > 1e-4, cls.__name__
+
+
+def test_the_seq2seq_builders_take_the_same_stack_arguments():
+    kwargs = {"activation": "gelu", "epsilon": 1e-6, "pad_id": 1,
+              "kernel_initializer": keras.initializers.GlorotUniform(seed=3), "seed": 4}
+    seq2seq = transformer_seq2seq(12, 14, **SIZES, dropout=0.0, **kwargs)
+    nat = nat_seq2seq(12, 14, **SIZES, dropout=0.0, max_target_length=6, **kwargs)
+    for model in (seq2seq, nat):
+        for name in ("encoder", "decoder"):
+            stack = model.get_layer(name)
+            assert (stack.pad_id, stack.epsilon, stack.seed) == (1, 1e-6, 4)
+            assert keras.activations.serialize(stack.activation) == "gelu"
+    with pytest.raises(ValueError, match="warp"):
+        nat_seq2seq(12, 14, **SIZES, max_target_length=6, warp=1)
 
 
 def test_a_llama_shaped_stack_with_its_own_head_size_rope_base_and_no_biases(tmp_path):

@@ -195,3 +195,51 @@ def test_a_cache_implies_its_causal_offset(implementation):
     window, _ = layer(x[:, 2:4], cache=layer.init_cache(2, 5), cache_update_index=2,
                       use_causal_mask=True)
     np.testing.assert_allclose(to_np(chunk), to_np(window), atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_key_value_heads": 1, "position_encoding": "rope"},
+                                    {"use_bias": False}])
+def test_fused_self_projections_equal_the_three_products(kwargs, monkeypatch):
+    """Self-attention projects queries, keys and values by one product (the switch
+    `fuse_projections`): same outputs and gradients (inputs and every kernel and bias) as the
+    three products, in a padded causal call and in cached decoding."""
+    from keras_attn import tuning
+
+    fused_calls = []
+    fused_dense = tuning.fused_dense
+    monkeypatch.setattr(tuning, "fused_dense",
+                        lambda layers, x: fused_calls.append(len(layers)) or fused_dense(layers, x))
+    x = rand(2, 6, 8)
+    layer = ka.MultiHead(num_heads=3, key_dim=4, output_dim=8, **kwargs)
+    layer(x)
+    call = {"use_causal_mask": True, "query_mask": np.arange(6)[None] < np.array([[6], [4]])}
+    d_out = rand(2, 6, 8)
+    out_3, grads_3 = layer_value_and_grads(layer, [x], d_out, **call)
+    assert not fused_calls  # off by default
+    with tuning.configure(fuse_projections=True):
+        out_1, grads_1 = layer_value_and_grads(layer, [x], d_out, **call)
+        assert fused_calls and set(fused_calls) == {3}
+        cache, steps = layer.init_cache(2, 6), []
+        for i in range(6):
+            out, cache = layer(x[:, i:i + 1], cache=cache, cache_update_index=i)
+            steps.append(to_np(out))
+    np.testing.assert_allclose(out_1, out_3, atol=1e-5)
+    assert len(grads_1) == len(grads_3) == 1 + len(layer.trainable_variables)
+    for got, want in zip(grads_1, grads_3):
+        np.testing.assert_allclose(got, want, atol=5e-5)
+    full = to_np(layer(x, use_causal_mask=True))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+def test_projections_with_lora_or_mixed_biases_are_not_fused(monkeypatch):
+    from keras_attn import tuning
+
+    x = rand(2, 5, 8)
+    mixed = ka.MultiHead(num_heads=2, key_dim=4, use_bias=("query", "value"))
+    lora = ka.MultiHead(num_heads=2, key_dim=4)
+    lora(x)
+    lora.query_dense.enable_lora(2)
+    monkeypatch.setattr(tuning, "fused_dense", lambda *args: pytest.fail("fused"))
+    with tuning.configure(fuse_projections=True):
+        for layer in (mixed, lora):
+            assert to_np(layer(x)).shape == (2, 5, 8)

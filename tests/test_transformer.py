@@ -342,7 +342,8 @@ def test_cached_steps_equal_full_forward(norm_first):
     shapes = [tuple(t.shape) for t in keras.tree.flatten(state)]
     assert (3, 4, 9, 4) in shapes  # (B, H, max_length, head_dim) self-attention caches
     for index in range(tgt.shape[1]):
-        logits, state, attention = decoder.decode_step(tgt[:, index], index, state)
+        logits, state, attention = decoder.decode_step(tgt[:, index], index, state,
+                                                       return_attention=True)
         assert dtype_of(logits) == "float32" and attention.shape == (3, 3, 4, 6)
         assert_allclose(to_np(logits), to_np(full)[:, index], atol=1e-5)
         assert_allclose(to_np(attention), to_np(full_weights)[:, :, :, index],
@@ -353,6 +354,11 @@ def test_cached_steps_equal_full_forward(norm_first):
     key_cache = to_np(state["self_attention_cache"][0][0])
     assert np.all(key_cache[:, :, tgt.shape[1]:] == 0.0)
     assert np.all(np.abs(key_cache[:, :, : tgt.shape[1]]).sum(-1) > 0)
+    # Weights only when asked: the default step forms none.
+    logits, _, attention = decoder.decode_step(tgt[:, 0], 0, decoder.init_decode_state(
+        encoder(src), src, max_length=9))
+    assert attention is None
+    assert_allclose(to_np(logits), to_np(full)[:, 0], atol=1e-5)
 
 
 # ---- the seq2seq model ---------------------------------------------------------------------

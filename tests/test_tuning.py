@@ -68,6 +68,34 @@ def test_auto_chunk_size_keeps_blocks_within_the_budget():
     assert tuning.auto_chunk_size(1, key_len=tf.constant(10)) == 1024
 
 
+def test_auto_chunk_size_budgets_every_sequence_and_head_of_a_block():
+    """A block spans the batch and the heads: 4 heads at T = 16,384 get 512 keys (a causal
+    LM's training step then stays under 3 GiB, not 5), while the blocks of a short batch stay
+    one block (the dense kernel's fused path)."""
+    assert [tuning.auto_chunk_size(16384, 16384, lead) for lead in (1, 4, 8)] == [2048, 512, 256]
+    assert tuning.auto_chunk_size(32768, 32768, lead=4) == 256
+    assert tuning.auto_chunk_size(1024, 1024, lead=2 * 4) >= 1024  # one block
+    assert tuning.auto_chunk_size(128, 128, lead=16 * 4) >= 128
+    assert tuning.auto_chunk_size(10**6, lead=64) == 128  # never below min_chunk_size
+
+
+def test_chunked_kernel_sizes_blocks_by_batch_and_heads(monkeypatch):
+    """`chunk_size=None` asks `auto_chunk_size` with the scores' batch times heads
+    (grouped-query heads counted once per query head)."""
+    asked = []
+    auto = tuning.auto_chunk_size
+    monkeypatch.setattr(tuning, "auto_chunk_size",
+                        lambda *args: asked.append(args) or auto(*args))
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 4, 16, 8)).astype("float32")
+    k = rng.standard_normal((2, 2, 16, 8)).astype("float32")
+    out, _ = attn_ops.attend(q, k, k, implementation="chunked")
+    assert asked == [(16, 16, 2 * 4)]
+    weights = np.exp(q @ np.repeat(k, 2, axis=1).transpose(0, 1, 3, 2) / np.sqrt(8))
+    expected = (weights / weights.sum(-1, keepdims=True)) @ np.repeat(k, 2, axis=1)
+    np.testing.assert_allclose(to_np(out), expected, atol=1e-5)
+
+
 def test_chunked_decoding_step_with_keys_of_unknown_length_stays_small():
     """One query against keys whose length a graph does not know: `chunk_size=None` padded the
     ten keys to a block of 2**25 rows (gigabytes; seq2seq and NAT decoding ran out of memory)."""

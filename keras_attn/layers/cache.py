@@ -8,15 +8,43 @@ whole sequence at once.
 
 from __future__ import annotations
 
+import keras
 from keras import ops
 
-from keras_attn._checks import check_positive_int, concrete_value
+from keras_attn._checks import check_positive_int, concrete_value, static_int
 from keras_attn.ops.masks import hide_positions
+
+
+def as_cache_index(index):
+    """A cache index as a Python int, or an int32 scalar tensor (any integer dtype in)."""
+    static = static_int(index)
+    return static if static is not None else ops.cast(index, "int32")
 
 
 class KeyValueCache:
     """The cache methods of `MultiHead` (which has `project_keys`, `num_key_value_heads`,
-    `key_dim`, `value_dim`)."""
+    `key_dim`, `value_dim`): making a cache, checking it, writing a call's keys and values
+    into it, and the cache in the symbolic outputs."""
+
+    def write_cache(self, cache, k, v, cache_update_index, offset):
+        """The keys and values `(B, H_kv, S_max, ·)` a cached call attends to: the cache as it
+        is (`cache_update_index=None`), or with this call's `k`, `v` `(B, H_kv, T, ·)` written
+        at `offset` (the index as `as_cache_index` gives it)."""
+        if cache_update_index is None:
+            return cache
+        start = (0, 0, offset, 0)
+        return (ops.slice_update(cache[0], start, ops.cast(k, cache[0].dtype)),
+                ops.slice_update(cache[1], start, ops.cast(v, cache[1].dtype)))
+
+    def compute_output_spec(self, *args, **kwargs):
+        spec = super().compute_output_spec(*args, **kwargs)
+        cache = kwargs.get("cache")
+        if cache is None:
+            return spec
+        cache_spec = tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache)
+        if isinstance(spec, tuple):
+            return spec[0], cache_spec, spec[1]
+        return spec, cache_spec
 
     def compute_cache(self, key, value=None, key_mask=None):
         """Project fixed keys/values once, e.g. the encoder outputs for cross-attention.

@@ -8,10 +8,11 @@ import keras
 from keras import ops
 
 from keras_attn import ops as attn_ops
+from keras_attn import tuning
 from keras_attn._checks import as_int, check_bool, check_one_of, static_int
 from keras_attn.layers.any_rank import AnyRankInputs
 from keras_attn.layers.base import BaseAttention
-from keras_attn.layers.cache import KeyValueCache
+from keras_attn.layers.cache import KeyValueCache, as_cache_index
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.position_bias import (
     AlibiBias,
@@ -295,7 +296,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         combine heads."""
         if cache is not None:
             self.check_cache(cache, query, key, cache_update_index)
-        offset = _as_index(0 if cache_update_index is None else cache_update_index)
+        offset = as_cache_index(0 if cache_update_index is None else cache_update_index)
         query, key, value, mask = self.prepare(
             query, key, value, valid_lens, attention_mask,
             use_causal_mask or cache_update_index is not None,  # a cache's later slots: unwritten
@@ -303,8 +304,13 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             key_len=None if cache is None else ops.shape(cache[0])[2], causal_offset=offset,
             **self._window(),
         )
-        q = self._rotate(self.split_heads(xla_dense(self.query_dense, query)), offset)
-        k, v = self._keys_and_values(key, value, cache, cache_update_index, offset)
+        if cache is None or cache_update_index is not None:  # this call's keys and values
+            q, k, v = self._project_self(query, key, value, offset)
+        else:  # keys and values of a cache as they are
+            q, k, v = self._rotate(self.split_heads(xla_dense(self.query_dense, query)),
+                                   offset), None, None
+        if cache is not None:
+            k, v = self.write_cache(cache, k, v, cache_update_index, offset)
         k_all, v_all, mask = self._append_extra_keys(k, v, mask)  # torch's options
         if attention_bias is not None:
             attention_bias = check_bias(attention_bias, q, k_all)
@@ -321,18 +327,26 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             results += (weights,)
         return results[0] if len(results) == 1 else results
 
-    def _keys_and_values(self, key, value, cache, cache_update_index, offset):
-        """The projected keys and values `(B, H_kv, S, ·)` to attend to, rotated at their
-        positions: this call's, the cache as it is, or the cache with this call's written in
-        at `cache_update_index`."""
-        if cache is None:
-            return self.project_keys(key, value, 0)
-        if cache_update_index is None:
-            return cache
-        new_k, new_v = self.project_keys(key, value, offset)  # (B, H_kv, T, d)
-        start = (0, 0, offset, 0)
-        return (ops.slice_update(cache[0], start, ops.cast(new_k, cache[0].dtype)),
-                ops.slice_update(cache[1], start, ops.cast(new_v, cache[1].dtype)))
+    def _project_self(self, query, key, value, offset):
+        """This call's rotated queries `(B, H, T, dk)` and keys and values `(B, H_kv, S, ·)`;
+        self-attention projects its one input by one product (`tuning.fused_dense`) and splits
+        the heads with one transpose."""
+        layers = (self.query_dense, self.key_dense, self.value_dense)
+        if not (query is key and key is value and self.key_dim == self.value_dim
+                and tuning.can_fuse(layers)):
+            q = self._rotate(self.split_heads(xla_dense(self.query_dense, query)), offset)
+            return (q,) + self.project_keys(key, value, offset)
+        x = tuning.fused_dense(layers, query)  # (B, T, (H + 2 H_kv) · d)
+        if self.num_key_value_heads == self.num_heads:
+            # One transpose puts q, k, v first; splitting the first axis copies nothing.
+            shape = tuple(ops.shape(x)[:2]) + (3, self.num_heads, self.key_dim)
+            x = ops.transpose(ops.reshape(x, shape), (2, 0, 3, 1, 4))  # (3, B, H, T, d)
+            q, k, v = (ops.squeeze(part, 0) for part in ops.split(x, 3, axis=0))  # (B, H, T, d)
+        else:
+            x = attn_ops.split_heads(x, self.num_heads + 2 * self.num_key_value_heads)
+            q, k, v = ops.split(x, [self.num_heads, self.num_heads + self.num_key_value_heads],
+                                axis=1)  # (B, H, T, d), (B, H_kv, T, d) twice
+        return self._rotate(q, offset), self._rotate(k, offset), v
 
     def project_keys(self, key, value, start_index=0):
         """`(B, S, ·)` keys and values -> `(B, H_kv, S, key_dim)`, `(B, H_kv, S, value_dim)`,
@@ -397,16 +411,6 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         extra = int(self.add_bias_kv) + int(self.add_zero_attn)
         key_len = None if key_shape[1] is None else key_shape[1] + extra
         return (query_shape[0], self.num_heads, query_shape[1], key_len)
-
-    def compute_output_spec(self, *args, **kwargs):
-        spec = super().compute_output_spec(*args, **kwargs)
-        cache = kwargs.get("cache")
-        if cache is None:
-            return spec
-        cache_spec = tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache)
-        if isinstance(spec, tuple):
-            return spec[0], cache_spec, spec[1]
-        return spec, cache_spec
 
     def get_config(self):
         config = super().get_config()
@@ -495,12 +499,6 @@ def _output_shape(output_dim, output_shape):
             )
         return (shape[0] if len(shape) == 1 else None), shape
     return output_dim, (None if output_dim is None else (output_dim,))
-
-
-def _as_index(index):
-    """A cache index as a Python int, or an int32 scalar tensor (any integer dtype in)."""
-    static = static_int(index)
-    return static if static is not None else ops.cast(index, "int32")
 
 
 def _append_key(x, extra):

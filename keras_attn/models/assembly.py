@@ -188,6 +188,16 @@ class _Stack(QuantizedSublayers, keras.layers.Layer):
             return None
         return ops.not_equal(token_ids, self.pad_id)
 
+    def _embed(self, inputs, padding_mask=None, encoder_outputs=None, encoder_padding_mask=None,
+               training=None, **embedding_kwargs):
+        """The opening of every stack's call: `(x, padding_mask, encoder_padding_mask)`, the
+        embedded ids `(B, T, d)`, their padding mask `(B, T)` (`padding_mask`) and the source
+        padding (`encoder_padding_mask`, default the implicit mask of `encoder_outputs`)."""
+        if encoder_padding_mask is None and encoder_outputs is not None:
+            encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
+        x = self.embedding(inputs, training=training, **embedding_kwargs)  # (B, T, d)
+        return x, self.padding_mask(inputs, padding_mask), encoder_padding_mask
+
     def _finish(self, x):
         return x if self.final_norm is None else self.final_norm(x)
 

@@ -247,14 +247,15 @@ class BahdanauDecoder(_BahdanauStack):
         source_mask = ops.not_equal(source_ids, PAD_ID)  # (B, S)
         return {"cell_states": tuple(self.cell.initial_state(encoder_outputs, source_mask))}
 
-    def decode_step(self, token_ids, index, state, return_attention: bool = True):
+    def decode_step(self, token_ids, index, state, return_attention: bool = False):
         """One step of greedy or beam search.
 
         Args:
             token_ids: int `(B,)`, the previous token.
             index: scalar int, its position in the target (unused: the GRU state knows it).
             state: dict from `init_decode_state` or the previous step.
-            return_attention: bool, also return this step's weights. Defaults to `True`.
+            return_attention: bool, also return this step's weights (for heatmaps).
+                Defaults to `False`.
 
         Returns:
             `(logits, state, weights)`: float32 logits `(B, vocab_size)`, the next state, and

@@ -46,6 +46,8 @@ class CMLMDecoder(_Stack):
         encoder_padding_mask: optional boolean `(B, S)`, True at real source tokens. Defaults
             to the implicit mask of `encoder_outputs`.
         training: bool, whether dropout is active.
+        padding_mask: optional boolean `(B, T)`, True at real target positions (words and
+            `<mask>`). Defaults to `inputs != pad_id` (nothing when `pad_id` is None).
 
     Returns:
         float32 logits `(B, T, vocab_size)`.
@@ -85,11 +87,10 @@ class CMLMDecoder(_Stack):
         encoder_outputs_shape = encoder_outputs_shape or tuple(inputs_shape) + (self.embed_dim,)
         self._build_parts(inputs_shape, encoder_outputs_shape)
 
-    def call(self, inputs, encoder_outputs, encoder_padding_mask=None, training=None):
-        if encoder_padding_mask is None:
-            encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
-        padding_mask = self.padding_mask(inputs)  # (B, T)
-        x = self.embedding(inputs, training=training)  # (B, T, d)
+    def call(self, inputs, encoder_outputs, encoder_padding_mask=None, training=None,
+             padding_mask=None):
+        x, padding_mask, encoder_padding_mask = self._embed(
+            inputs, padding_mask, encoder_outputs, encoder_padding_mask, training)  # (B, T, d)
         for block in self.blocks:
             x = block(x, encoder_outputs, decoder_padding_mask=padding_mask,
                       encoder_padding_mask=encoder_padding_mask, training=training)
@@ -104,7 +105,7 @@ class CMLMDecoder(_Stack):
         return tuple(inputs_shape) + (self.vocab_size,)
 
     def compute_output_spec(self, inputs, encoder_outputs, encoder_padding_mask=None,
-                            training=None):
+                            training=None, padding_mask=None):
         return keras.KerasTensor(tuple(inputs.shape) + (self.vocab_size,), dtype="float32")
 
 

@@ -161,8 +161,7 @@ class TransformerDecoderOnly(_Stack):
         return x, new_caches, weights
 
     def call(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
-        padding_mask = self.padding_mask(inputs, padding_mask)  # (B, T)
-        x = self.embedding(inputs, training=training)  # (B, T, d)
+        x, padding_mask, _ = self._embed(inputs, padding_mask, training=training)  # (B, T, d)
         x, _, weights = self._run_blocks(x, padding_mask, None, None, return_attention_scores,
                                          training)
         logits = self._logits(x)  # (B, T, V)
@@ -183,7 +182,7 @@ class TransformerDecoderOnly(_Stack):
         return {"cache": tuple(block.init_cache(batch_size, max_length)
                                for block in self.blocks)}
 
-    def decode_step(self, token_ids, index, state: dict, return_attention: bool = True,
+    def decode_step(self, token_ids, index, state: dict, return_attention: bool = False,
                     return_logits: bool = True):
         """Tokens at positions `index, index + 1, ...` through the stack and the caches.
 
@@ -191,7 +190,8 @@ class TransformerDecoderOnly(_Stack):
             token_ids: int `(B,)` (one token) or `(B, T)` (a prompt, at once).
             index: scalar int tensor (or int), the position of the first token.
             state: the dict of `init_decode_state` or of the previous call.
-            return_attention: bool, also return the last token's weights. Defaults to `True`.
+            return_attention: bool, also return the last token's weights (for heatmaps).
+                Defaults to `False`.
             return_logits: bool, compute the logits; `False` only fills the cache (a prompt)
                 and returns None in their place, skipping the vocabulary projection.
                 Defaults to `True`.

@@ -34,6 +34,7 @@ def nat_seq2seq(
     chunk_size: int | None = None,
     sliding_window: int | None = None,
     name: str = "nat_seq2seq",
+    **kwargs,
 ) -> keras.Model:
     """A conditional masked language model (Mask-Predict's CMLM) as a functional `keras.Model`.
 
@@ -66,6 +67,8 @@ def nat_seq2seq(
         sliding_window: optional int, self-attention sees the keys at distance
             `< sliding_window`. Defaults to `None`.
         name: str, the model name. Defaults to `"nat_seq2seq"`.
+        **kwargs: further arguments of both stacks (`activation`, `epsilon`,
+            `kernel_initializer`, `seed`, `pad_id`), as `transformer_seq2seq` takes them.
 
     Returns:
         An uncompiled `keras.Model` with inputs `source_ids` `(B, S)` and `masked_target_ids`
@@ -95,6 +98,7 @@ def nat_seq2seq(
         "implementation": implementation,
         "chunk_size": chunk_size,
         "sliding_window": sliding_window,
+        **kwargs,
     }
     encoder = TransformerEncoder(source_vocab_size, **stack_kwargs, name="encoder")
     decoder = CMLMDecoder(target_vocab_size, **stack_kwargs, name="decoder")

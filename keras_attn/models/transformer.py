@@ -73,8 +73,8 @@ class TransformerEncoder(_Stack):
 
     def call(self, inputs, padding_mask=None, token_type_ids=None,
              return_attention_scores=False, training=None):
-        padding_mask = self.padding_mask(inputs, padding_mask)  # (B, S)
-        x = self.embedding(inputs, token_type_ids=token_type_ids, training=training)
+        x, padding_mask, _ = self._embed(inputs, padding_mask, training=training,
+                                         token_type_ids=token_type_ids)  # (B, S, d), (B, S)
         weights = []
         for block in self.blocks:
             x = block(x, padding_mask=padding_mask,
@@ -146,6 +146,8 @@ class TransformerDecoder(_Stack):
         return_attention_scores: bool, also return the cross-attention weights of every layer
             (computed only then). Defaults to `False`.
         training: bool, whether dropout is active.
+        padding_mask: optional boolean `(B, T)`, True at real target tokens. Defaults to
+            `inputs != pad_id` (nothing when `pad_id` is None).
 
     Returns:
         float32 logits `(B, T, vocab_size)`; with `return_attention_scores=True` also the
@@ -192,13 +194,12 @@ class TransformerDecoder(_Stack):
         return x, caches, weights
 
     def call(self, inputs, encoder_outputs, encoder_padding_mask=None,
-             return_attention_scores=False, training=None):
-        if encoder_padding_mask is None:
-            encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
-        x = self.embedding(inputs, training=training)  # (B, T, d)
+             return_attention_scores=False, training=None, padding_mask=None):
+        x, padding_mask, encoder_padding_mask = self._embed(
+            inputs, padding_mask, encoder_outputs, encoder_padding_mask, training)  # (B, T, d)
         x, _, weights = self._run_blocks(
             x, return_attention_scores, encoder_outputs, encoder_padding_mask,
-            decoder_padding_mask=self.padding_mask(inputs), training=training)
+            decoder_padding_mask=padding_mask, training=training)
         logits = self._logits(x)  # (B, T, V)
         if return_attention_scores:
             return logits, ops.cast(ops.stack(weights, axis=1), "float32")  # (B, L, H, T, S)
@@ -225,10 +226,11 @@ class TransformerDecoder(_Stack):
             "encoder_padding_mask": padding_mask,
         }
 
-    def decode_step(self, token_ids, index, state: dict, return_attention: bool = True):
+    def decode_step(self, token_ids, index, state: dict, return_attention: bool = False):
         """One target token `(B,)` at position `index` through the stack and the caches: float32
         logits `(B, V)` for position `index + 1`, the state, and with `return_attention` the
-        cross-attention weights `(B, num_layers, num_heads, S)` (else None)."""
+        cross-attention weights `(B, num_layers, num_heads, S)` (else None; defaults to
+        `False`: only callers that draw them ask)."""
         token_ids = ops.expand_dims(ops.cast(token_ids, "int32"), -1)  # (B, 1)
         x = self.embedding(token_ids, start_index=index)  # (B, 1, d)
         x, caches, weights = self._run_blocks(
@@ -245,7 +247,7 @@ class TransformerDecoder(_Stack):
         return tuple(inputs_shape) + (self.vocab_size,)
 
     def compute_output_spec(self, inputs, encoder_outputs, encoder_padding_mask=None,
-                            return_attention_scores=False, training=None):
+                            return_attention_scores=False, training=None, padding_mask=None):
         logits = keras.KerasTensor(tuple(inputs.shape) + (self.vocab_size,), dtype="float32")
         if not return_attention_scores:
             return logits

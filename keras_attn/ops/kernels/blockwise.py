@@ -41,6 +41,16 @@ def _rows(x):
     return x.shape[-2] if x.shape[-2] is not None else ops.shape(x)[-2]
 
 
+def _static_lead(q, k) -> int:
+    """The number of score matrices (sequences times heads) of `q` against `k`: the product of
+    their broadcast leading axes, an axis unknown when traced counted as 1."""
+    lead = 1
+    for q_dim, k_dim in zip(q.shape[:-2], k.shape[:-2]):
+        known = [dim for dim in (q_dim, k_dim) if dim is not None]
+        lead *= max(known) if known else 1
+    return lead
+
+
 def _blocks(length, block: int):
     """Number of blocks of size `block` covering `length` (int or scalar tensor), and padding."""
     num = -(-length // block) if isinstance(length, int) else (length + block - 1) // block
@@ -306,7 +316,8 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
         v: values `(..., S, dv)`.
         mask: optional `AttentionMask` (its query padding is the caller's to apply).
         bias: optional float bias broadcastable to `(..., T, S)`.
-        chunk_size: keys per block; None sizes blocks by `keras_attn.tuning.auto_chunk_size`.
+        chunk_size: keys per block; None sizes blocks by `keras_attn.tuning.auto_chunk_size`
+            (a budget of scores over the batch and heads of a block).
         query_chunk_size: optional queries per block: a block then holds
             `query_chunk_size · chunk_size` scores, and causal attention skips the blocks
             above the diagonal; the backward pass then adds each block's key gradients into
@@ -325,7 +336,8 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
     if q_chunk is not None and isinstance(query_len, int) and q_chunk >= query_len:
         q_chunk = None
     if chunk_size is None:
-        chunk_size = tuning.auto_chunk_size(query_len if q_chunk is None else q_chunk, key_len)
+        chunk_size = tuning.auto_chunk_size(query_len if q_chunk is None else q_chunk, key_len,
+                                            _static_lead(q, k))
     chunk = min(chunk_size, key_len) if isinstance(key_len, int) else chunk_size
     if q_chunk is None and isinstance(key_len, int) and chunk >= key_len:
         tile = None if mask is None else mask.block(rank=rank)
