@@ -34,9 +34,9 @@ class Decoder(Protocol):
     sequence-to-sequence models). A causal language model's decoder also takes `(B, T)`
     tokens at positions `index, ...` (a prompt at once) and returns `(B, T, vocab_size)`.
 
-    A decoder may take `return_attention` (bool): the loops then pass
-    `return_attention=False` unless their caller asked for the attention, and the decoder
-    need not compute it (it returns None in its place). A decoder may also take
+    A decoder may take `return_attention` (bool, False by default, as keras_attn's decoders
+    do): the loops pass `return_attention=True` only when their caller asked for the
+    attention; otherwise the decoder need not compute it (it returns None in its place). A decoder may also take
     `return_logits` (bool): a prompt run only to fill the cache then passes
     `return_logits=False`, and the decoder may skip its vocabulary projection (None in place
     of the logits; at GPT-2's 50,257 tokens that projection is a third of the weights).
@@ -45,7 +45,7 @@ class Decoder(Protocol):
     def init_decode_state(self, *inputs, max_length: int) -> dict:
         """The state before the first step."""
 
-    def decode_step(self, token_ids, index, state, return_attention: bool = True) -> tuple:
+    def decode_step(self, token_ids, index, state, return_attention: bool = False) -> tuple:
         """`(logits, state, attention)` of one step."""
 
 
