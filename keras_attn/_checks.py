@@ -135,3 +135,39 @@ def concrete_value(x):
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return None
     return None
+
+
+def as_use_bias(use_bias, projections: tuple) -> bool | tuple:
+    """`use_bias` as a bool, or a tuple of names among `projections` (in their order)."""
+    if isinstance(use_bias, bool):
+        return use_bias
+    names = (use_bias,) if isinstance(use_bias, str) else use_bias
+    if not isinstance(names, (tuple, list, set, frozenset)) or not all(
+            name in projections for name in names):
+        raise ValueError(
+            "Received an invalid value for argument `use_bias`, expected a bool or a "
+            f"collection of projection names among {projections}. Received: "
+            f"use_bias={use_bias!r}"
+        )
+    return tuple(name for name in projections if name in names)
+
+
+def as_output_shape(output_dim, output_shape) -> tuple:
+    """`(output_dim, output_shape)`: the int of a one-axis output (else None) and the tuple
+    (None when neither is given); both may be given when they agree."""
+    if output_shape is not None:
+        shape = (output_shape,) if isinstance(output_shape, int) else output_shape
+        if not isinstance(shape, (tuple, list)) or not shape or any(
+                isinstance(d, bool) or static_int(d) is None or d < 1 for d in shape):
+            raise ValueError(
+                "Received an invalid value for argument `output_shape`, expected a positive "
+                f"int or a tuple of them. Received: output_shape={output_shape!r}"
+            )
+        shape = tuple(int(d) for d in shape)
+        if output_dim is not None and shape != (output_dim,):
+            raise ValueError(
+                "Arguments `output_dim` and `output_shape` disagree; give one. Received: "
+                f"output_dim={output_dim!r}, output_shape={output_shape!r}"
+            )
+        return (shape[0] if len(shape) == 1 else None), shape
+    return output_dim, (None if output_dim is None else (output_dim,))

@@ -9,7 +9,13 @@ from keras import ops
 
 from keras_attn import ops as attn_ops
 from keras_attn import tuning
-from keras_attn._checks import as_int, check_bool, check_one_of, static_int
+from keras_attn._checks import (
+    as_int,
+    as_output_shape,
+    as_use_bias,
+    check_bool,
+    check_one_of,
+)
 from keras_attn.layers.any_rank import AnyRankInputs
 from keras_attn.layers.base import BaseAttention
 from keras_attn.layers.cache import KeyValueCache, as_cache_index
@@ -181,8 +187,8 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
                             ("add_zero_attn", add_zero_attn)):
             check_bool(name, value)
         self.use_gate, self.add_bias_kv, self.add_zero_attn = use_gate, add_bias_kv, add_zero_attn
-        self.use_bias = _check_use_bias(use_bias)
-        self.output_dim, self.output_shape_ = _output_shape(
+        self.use_bias = as_use_bias(use_bias, PROJECTIONS)
+        self.output_dim, self.output_shape_ = as_output_shape(
             as_int("output_dim", output_dim, allow_none=True), output_shape)
         check_axes_argument(attention_axes)
         self.attention_axes = (tuple(attention_axes) if isinstance(attention_axes, (list, tuple))
@@ -463,42 +469,6 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         from keras_attn.layers.importers import from_torch_state_dict
 
         return from_torch_state_dict(cls, state_dict, num_heads, add_zero_attn, **kwargs)
-
-
-def _check_use_bias(use_bias):
-    """`use_bias` as a bool, or a tuple of projection names."""
-    if isinstance(use_bias, bool):
-        return use_bias
-    names = (use_bias,) if isinstance(use_bias, str) else use_bias
-    if not isinstance(names, (tuple, list, set, frozenset)) or not all(
-            name in PROJECTIONS for name in names):
-        raise ValueError(
-            "Received an invalid value for argument `use_bias`, expected a bool or a "
-            f"collection of projection names among {PROJECTIONS}. Received: "
-            f"use_bias={use_bias!r}"
-        )
-    return tuple(name for name in PROJECTIONS if name in names)
-
-
-def _output_shape(output_dim, output_shape):
-    """`(output_dim, output_shape)`: the int of a one-axis output (else None) and the tuple
-    (None when neither is given); both may be given when they agree."""
-    if output_shape is not None:
-        shape = (output_shape,) if isinstance(output_shape, int) else output_shape
-        if not isinstance(shape, (tuple, list)) or not shape or any(
-                isinstance(d, bool) or static_int(d) is None or d < 1 for d in shape):
-            raise ValueError(
-                "Received an invalid value for argument `output_shape`, expected a positive "
-                f"int or a tuple of them. Received: output_shape={output_shape!r}"
-            )
-        shape = tuple(int(d) for d in shape)
-        if output_dim is not None and shape != (output_dim,):
-            raise ValueError(
-                "Arguments `output_dim` and `output_shape` disagree; give one. Received: "
-                f"output_dim={output_dim!r}, output_shape={output_shape!r}"
-            )
-        return (shape[0] if len(shape) == 1 else None), shape
-    return output_dim, (None if output_dim is None else (output_dim,))
 
 
 def _append_key(x, extra):
