@@ -37,9 +37,10 @@ Switches, read on every trace (set them with `configure`, before building the gr
   with it, twice (benchmarks/RESULTS.md); a hypothesis for other machines.
 - `fused_norm_gelu` (bool, default True): outside XLA, TensorFlow runs keras_attn's
   LayerNorms and tanh-GELU with hand-written gradients (`keras_attn.ops.fused`), a few passes
-  each instead of TensorFlow's op-by-op derivatives. On the 2-core AMD EPYC the `causal_lm`
-  step of `benchmarks/lm_training_speed.py` took 0.92x (T = 128) and 0.96x (T = 1024) as long
-  with it (benchmarks/RESULTS.md).
+  each instead of TensorFlow's op-by-op derivatives. On the 2-core AMD EPYC the GPT-2-style
+  `causal_lm` step of `benchmarks/lm_training_speed.py` took 0.85x-0.95x as long with it at
+  T = 128 (four side-by-side runs) and 0.93x-1.04x at T = 1024 (within the noise there;
+  benchmarks/RESULTS.md).
 
 Example:
 >>> from keras_attn import tuning

@@ -55,13 +55,16 @@ def layer_norm(x, gamma, beta, epsilon: float):
         normed = centered * inv  # (..., d)
 
         def grad(upstream):
-            d_normed = upstream * gamma  # (..., d)
-            rows = list(range(len(x.shape) - 1))
-            d_gamma = tf.reduce_sum(upstream * normed, axis=rows)  # (d,)
-            d_beta = tf.reduce_sum(upstream, axis=rows)  # (d,)
-            d_x = inv * (d_normed - tf.reduce_mean(d_normed, axis=-1, keepdims=True)
-                         - normed * tf.reduce_mean(d_normed * normed, axis=-1, keepdims=True))
-            return d_x, d_gamma, d_beta
+            # A scope of its own: the backward ops would otherwise be unnamed in profiles.
+            with tf.name_scope("layer_norm_grad"):
+                d_normed = upstream * gamma  # (..., d)
+                rows = list(range(len(x.shape) - 1))
+                d_gamma = tf.reduce_sum(upstream * normed, axis=rows)  # (d,)
+                d_beta = tf.reduce_sum(upstream, axis=rows)  # (d,)
+                d_x = inv * (d_normed - tf.reduce_mean(d_normed, axis=-1, keepdims=True)
+                             - normed * tf.reduce_mean(d_normed * normed, axis=-1,
+                                                       keepdims=True))
+                return d_x, d_gamma, d_beta
 
         return normed * gamma + beta, grad
 
@@ -80,8 +83,10 @@ def gelu_tanh(x):
 
         def grad(upstream):
             # d/dx: 0.5 (1 + t) + 0.5 x (1 - t²) √(2/π) (1 + 3 · 0.044715 x²)
-            slope = 0.5 * x * (1.0 - t * t) * (_GELU_SCALE * (1.0 + 3.0 * _GELU_CUBIC * x * x))
-            return upstream * (0.5 * (1.0 + t) + slope)
+            with tf.name_scope("gelu_tanh_grad"):
+                slope = 0.5 * x * (1.0 - t * t) * (
+                    _GELU_SCALE * (1.0 + 3.0 * _GELU_CUBIC * x * x))
+                return upstream * (0.5 * (1.0 + t) + slope)
 
         return 0.5 * x * (1.0 + t), grad
 
