@@ -105,6 +105,16 @@ def test_gpt2_block_values_and_gradients_do_not_depend_on_the_switch():
         assert_allclose(got, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_layer_norm_returns_the_compute_dtype_like_keras(fused):
+    x = keras.ops.ones((2, 3, 6), dtype="float32")  # float32 into a bfloat16 layer
+    with tuning.configure(fused_norm_gelu=fused):
+        ours = LayerNorm(dtype="mixed_bfloat16")(x)
+    theirs = keras.layers.LayerNormalization(dtype="mixed_bfloat16")(x)
+    assert keras.backend.standardize_dtype(ours.dtype) == "bfloat16"
+    assert keras.backend.standardize_dtype(theirs.dtype) == "bfloat16"
+
+
 def test_layer_norm_keeps_keras_config_and_weight_names():
     layer = _layer_norm(epsilon=1e-3)
     assert [v.path.rsplit("/", 1)[-1] for v in layer.weights] == ["gamma", "beta"]

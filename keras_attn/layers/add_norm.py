@@ -26,7 +26,9 @@ class LayerNorm(keras.layers.LayerNormalization):
         rank = len(inputs.shape)
         if (fused.use_fused() and self.center and self.scale and not self.rms_scaling
                 and [a % rank for a in axis] == [rank - 1]):
-            return fused.layer_norm(inputs, self.gamma, self.beta, self.epsilon)
+            # Keras' layer takes its inputs uncast (`autocast=False`) and casts its output.
+            outputs = fused.layer_norm(inputs, self.gamma, self.beta, self.epsilon)
+            return keras.ops.cast(outputs, self.compute_dtype)
         return super().call(inputs)
 
 
