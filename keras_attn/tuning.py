@@ -38,8 +38,8 @@ Switches, read on every trace (set them with `configure`, before building the gr
 - `fused_norm_gelu` (bool, default True): outside XLA, TensorFlow runs keras_attn's
   LayerNorms and tanh-GELU with hand-written gradients (`keras_attn.ops.fused`), a few passes
   each instead of TensorFlow's op-by-op derivatives. On the 2-core AMD EPYC the GPT-2-style
-  `causal_lm` step of `benchmarks/lm_training_speed.py` took 0.85x-0.95x as long with it at
-  T = 128 (four side-by-side runs) and 0.93x-1.04x at T = 1024 (within the noise there;
+  `causal_lm` step of `benchmarks/lm_training_speed.py` took 0.85x-0.96x as long with it at
+  T = 128 (five side-by-side runs) and 0.91x-1.04x at T = 1024 (within the noise there;
   benchmarks/RESULTS.md).
 
 Example:
