@@ -9,6 +9,10 @@ the median step time of each and their ratio (keras_attn / keras-hub: below 1 is
 
     python benchmarks/lm_training_speed.py
     python benchmarks/lm_training_speed.py --lengths 128 1024 --rounds 15 --implementation chunked
+    python benchmarks/lm_training_speed.py --rounds 15 --also fused_norm_gelu=False
+
+`--also SWITCH=VALUE` adds a third contender in the same rounds: keras_attn's model traced
+with that `keras_attn.tuning` switch changed (what a switch is worth, side by side).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--implementation", default="dense", choices=["dense", "chunked"])
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--jit", action="store_true", help="compile both steps with XLA")
+    parser.add_argument("--also", default=None, metavar="SWITCH=VALUE",
+                        help="also time keras_attn with this tuning switch (True/False/int)")
     parser.add_argument("--hub-accuracy", action="store_true",
                         help="keep keras-hub's default accuracy metric (keras_attn has none)")
     return parser.parse_args(argv)
@@ -86,13 +92,33 @@ def main(argv=None) -> None:
         x, y = ids[:, :-1], ids[:, 1:]
         ours, hub = models(length, args)
         hub_x = {"token_ids": x, "padding_mask": np.ones_like(x, dtype="bool")}
-        times = time_alternating({
+        fns = {
             "keras_attn": lambda ours=ours, x=x, y=y: ours.train_on_batch(x, y),
             "keras_hub": lambda hub=hub, x=hub_x, y=y: hub.train_on_batch(x, y),
-        }, rounds=args.rounds, warmup=2)
+        }
+        if args.also:
+            fns["also"] = switched_step(length, args, x, y)
+        times = time_alternating(fns, rounds=args.rounds, warmup=2)
         a, b = median(times["keras_attn"]), median(times["keras_hub"])
-        print(f"| {length} | {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f} |",
-              flush=True)
+        row = f"| {length} | {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f} |"
+        if args.also:
+            c = median(times["also"])
+            row += f" {args.also}: {c * 1e3:.1f} ms, {c / b:.2f} |"
+        print(row, flush=True)
+
+
+def switched_step(length: int, args, x, y):
+    """keras_attn's training step traced with the `--also` switch set (a switch is read
+    when the step is traced, so the first step runs inside `tuning.configure`)."""
+    from keras_attn import tuning
+
+    name, value = args.also.split("=", 1)
+    value = {"True": True, "False": False, "None": None}.get(value, value)
+    value = int(value) if isinstance(value, str) else value
+    with tuning.configure(**{name: value}):
+        ours, _ = models(length, args)
+        ours.train_on_batch(x, y)
+    return lambda: ours.train_on_batch(x, y)
 
 
 if __name__ == "__main__":

@@ -41,13 +41,14 @@ PARTS = (
     ("metrics", r"metric|accuracy"),
     ("optimizer", r"adam|Adam|optimizer"),
     ("tied head (x E^T)", r"(head|gpt2_causal_lm)/token_embedding"),
-    ("norms", r"_norm/|layer_norm/|_norm$"),
+    ("norms", r"_norm/|layer_norm/|_norm$|layer_norm_grad/"),
     ("embeddings", r"embedding|embeddings_add"),
     ("attention projections",
      (r"self_attention/(query|key|value|output)(_dense)?/|self_attention/attention_output/"
       r"|self_attention/(Tensordot|add(_\d+)?$|add/)")),
     ("attention core (scores, softmax, mask, weighted sum)", r"self_attention"),
-    ("FFN", r"ffn|feedforward_(intermediate|output)"),
+    # keras_attn.ops.fused's backward ops carry their own scope, not the layer's.
+    ("FFN", r"ffn|feedforward_(intermediate|output)|gelu_tanh_grad/"),
 )
 
 

@@ -35,6 +35,12 @@ Switches, read on every trace (set them with `configure`, before building the gr
   and kernel gradient instead of three in each pass. Off: on the shared 2-core AMD EPYC the
   `causal_lm` training step of `benchmarks/lm_training_speed.py` (T = 128) took 1.07x as long
   with it, twice (benchmarks/RESULTS.md); a hypothesis for other machines.
+- `fused_norm_gelu` (bool, default True): outside XLA, TensorFlow runs keras_attn's
+  LayerNorms and tanh-GELU with hand-written gradients (`keras_attn.ops.fused`), a few passes
+  each instead of TensorFlow's op-by-op derivatives. On the 2-core AMD EPYC the GPT-2-style
+  `causal_lm` step of `benchmarks/lm_training_speed.py` took 0.85x-0.96x as long with it at
+  T = 128 (five side-by-side runs) and 0.91x-1.04x at T = 1024 (within the noise there;
+  benchmarks/RESULTS.md).
 
 Example:
 >>> from keras_attn import tuning
@@ -66,6 +72,7 @@ class Switches:
     xla_barriers: bool = True
     xla_dense_projections: bool = True
     fuse_projections: bool = False
+    fused_norm_gelu: bool = True
 
 
 SWITCHES = Switches()

@@ -6,17 +6,39 @@ import keras
 
 from keras_attn._checks import check_number, check_one_of, check_rate
 from keras_attn.layers.dropout import Dropout
+from keras_attn.ops import fused
 
 NORMS = ("layer", "rms")
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LayerNorm(keras.layers.LayerNormalization):
+    """`keras.layers.LayerNormalization` (same arguments, weights `gamma` and `beta`, config and
+    values), whose last-axis form runs with a hand-written gradient under TensorFlow outside
+    XLA (`keras_attn.ops.fused.layer_norm`, switch `fused_norm_gelu` of `keras_attn.tuning`).
+
+    Example:
+    >>> LayerNorm(epsilon=1e-5)(keras.ops.ones((2, 3, 4))).shape  # (2, 3, 4)
+    """
+
+    def call(self, inputs):
+        axis = self.axis if isinstance(self.axis, (list, tuple)) else [self.axis]
+        rank = len(inputs.shape)
+        if (fused.use_fused() and self.center and self.scale and not self.rms_scaling
+                and [a % rank for a in axis] == [rank - 1]):
+            # Keras' layer takes its inputs uncast (`autocast=False`) and casts its output.
+            outputs = fused.layer_norm(inputs, self.gamma, self.beta, self.epsilon)
+            return keras.ops.cast(outputs, self.compute_dtype)
+        return super().call(inputs)
+
+
 def make_norm(norm: str, epsilon: float, name: str, dtype):
-    """`keras.layers.LayerNormalization` (`"layer"`) or `keras.layers.RMSNormalization`
+    """`LayerNorm` (`"layer"`, Keras' `LayerNormalization`) or `keras.layers.RMSNormalization`
     (`"rms"`) over the last axis."""
     check_one_of("norm", norm, NORMS)
     if norm == "rms":
         return keras.layers.RMSNormalization(epsilon=epsilon, name=name, dtype=dtype)
-    return keras.layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
+    return LayerNorm(epsilon=epsilon, name=name, dtype=dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

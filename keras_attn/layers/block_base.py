@@ -16,6 +16,7 @@ from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.multi_head import MultiHead
 from keras_attn.layers.position_bias import RelativePositionBias
 from keras_attn.layers.quantization import QuantizedSublayers
+from keras_attn.ops import fused
 
 IMPLEMENTATIONS = ("dense", "chunked", "local")
 ATTENTION_POSITIONS = (None, "rope", "alibi", "relative")
@@ -24,7 +25,10 @@ ATTENTION_POSITIONS = (None, "rope", "alibi", "relative")
 @keras.saving.register_keras_serializable(package="keras_attn")
 def gelu_tanh(x):
     """GELU with the tanh approximation (GPT-2's `gelu_new`, PyTorch's `approximate="tanh"`).
-    Blocks and stacks take it as `activation="gelu_tanh"`."""
+    Blocks and stacks take it as `activation="gelu_tanh"`. Under TensorFlow outside XLA its
+    gradient is the closed form (`keras_attn.ops.fused.gelu_tanh`)."""
+    if fused.use_fused():
+        return fused.gelu_tanh(x)
     return keras.activations.gelu(x, approximate=True)
 
 
