@@ -315,11 +315,11 @@ def budget_callback_with_a_clock(monkeypatch, start: float):
     return time_budget_callback, clock
 
 
-def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
-    """The learning rate warms up over the steps, stays at its peak, then decays linearly over
-    the last 30% of the training time (validation passes not counted) to 2% at the budget,
-    where training stops."""
-    time_budget_callback, clock = budget_callback_with_a_clock(monkeypatch, 100.0)
+def drive_budget_callback(callback, clock: list, step_seconds: dict, default: float = 1.0,
+                          pauses: dict | None = None) -> list:
+    """Runs a time-budget `callback` on a stand-in model until it stops training: step i takes
+    `step_seconds.get(i, default)` seconds of `clock`, and after `pauses`' step counts a
+    validation pass of that many seconds runs. Returns the learning rate set for each step."""
 
     class Model:
         stop_training = False
@@ -327,21 +327,32 @@ def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
         class optimizer:
             learning_rate = None
 
-    callback = time_budget_callback(60.0, 1e-3, warmup_steps=4)
     callback.set_model(Model)
     callback.on_train_begin()
     rates, step = [], 0
     while not Model.stop_training:
         callback.on_train_batch_begin(step)
         rates.append(Model.optimizer.learning_rate)
-        clock[0] += 2.0  # every step takes 2 s
+        clock[0] += step_seconds.get(step, default)
         callback.on_train_batch_end(step)
         step += 1
-        if step == 10:  # a validation pass of 50 s between epochs is not training time
+        if step in (pauses or {}):
             callback.on_test_begin()
-            clock[0] += 50.0
+            clock[0] += pauses[step]
             callback.on_test_end()
     callback.on_train_end()
+    return rates
+
+
+def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
+    """The learning rate warms up over the steps, stays at its peak, then decays linearly over
+    the last 30% of the training time (validation passes not counted) to 2% at the budget,
+    where training stops."""
+    time_budget_callback, clock = budget_callback_with_a_clock(monkeypatch, 100.0)
+
+    callback = time_budget_callback(60.0, 1e-3, warmup_steps=4)
+    # every step takes 2 s; a validation pass of 50 s after step 10 is not training time
+    rates = drive_budget_callback(callback, clock, {}, 2.0, pauses={10: 50.0})
     assert rates[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
     assert rates[4:22] == pytest.approx([1e-3] * 18)  # the peak until 42 s of 60
     # then 1e-3 (1 - 0.98 (t - 42) / 18) at the t = 2 * step seconds trained
@@ -393,23 +404,8 @@ def budget_rates(monkeypatch, args, step_seconds: dict) -> tuple[list, dict]:
     finally:
         sys.path.remove(str(EXAMPLES))
 
-    class Model:
-        stop_training = False
-
-        class optimizer:
-            learning_rate = None
-
     _, (callback,) = fit_plan(args)
-    callback.set_model(Model)
-    callback.on_train_begin()
-    rates, step = [], 0
-    while not Model.stop_training:
-        callback.on_train_batch_begin(step)
-        rates.append(Model.optimizer.learning_rate)
-        clock[0] += step_seconds.get(step, 1.0)
-        callback.on_train_batch_end(step)
-        step += 1
-    callback.on_train_end()
+    rates = drive_budget_callback(callback, clock, step_seconds)
     return rates, callback.summary()
 
 
