@@ -7,9 +7,9 @@ held-out split, detokenized into words, corpus BLEU (0-100, over words) and exac
 against the same references.
 
 - keras_attn: `examples/transformer_translation.py --data` with its defaults (vocabularies,
-  model, batch, length-grouped batches, checkpoint averaging), the example's own code, run
-  once per budget with `--time-budget BUDGET`: each run's warm-up and decay are fitted to its
-  budget, and it is scored when the budget is spent, as a user asking for "the best model in
+  model, batch, length-grouped batches), the example's own code, run
+  once per budget with `--time-budget BUDGET`: each run's warm-up (the first 5% of the
+  seconds) and decay (the last 30%) are fitted to its budget, and it is scored when the budget is spent, as a user asking for "the best model in
   N seconds" gets it. Both models are scored greedily here (the example's own scores use its
   `--beam-size`, 4 for `--data`).
   Reading the pairs and learning the vocabularies come before the budget (printed apart).
@@ -213,9 +213,11 @@ def run_keras_attn(example_argv, budgets, split, out):
               f"{100 * result['exact_match']:.1f}%, [UNK] in "
               f"{100 * result['output_unknown_rate']:.2f}% of the output words", flush=True)
     options = {key: getattr(args, key) for key in (
-        "batch_size", "learning_rate", "warmup_steps", "label_smoothing", "precision",
+        "batch_size", "learning_rate", "label_smoothing", "precision",
         "tokenizer", "vocab_size" if args.tokenizer == "sentencepiece" else "min_freq",
         *args.model_options)}
+    options["warmup"] = (f"{args.warmup_steps} steps" if "warmup_steps" in args.given
+                         else f"{summary['warmup_s']:g} s of the last budget")
     return results, {"params": int(model.count_params()), "options": options,
                      "data_seconds": round(data_seconds, 1)}
 

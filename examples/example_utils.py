@@ -104,14 +104,16 @@ def clear_export_dir(export_dir: str) -> None:
         shutil.rmtree(export_dir)
 
 
-def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int,
+def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int = 0,
                          decay_fraction: float = 0.3, alpha: float = 0.02,
-                         average_checkpoints: int = 1, average_fraction: float = 0.15):
+                         average_checkpoints: int = 1, average_fraction: float = 0.15,
+                         warmup_seconds: float | None = None):
     """A Keras callback that fits the learning-rate schedule to `seconds` of training and
     stops training when they are spent.
 
     The schedule is a function of the training time, not of a step count estimated in advance:
-    a linear warm-up over the first `warmup_steps` steps to `learning_rate`, the peak rate
+    a linear warm-up to `learning_rate` (over the first `warmup_steps` steps, or over
+    `warmup_seconds` of training from the end of the first step), the peak rate
     until `1 - decay_fraction` of the budget is spent, then a linear decay to
     `alpha * learning_rate` at `seconds` (warm-up, stable, decay). Measured time follows the
     machine: on a shared machine whose speed changes during the run (other jobs starting or
@@ -133,7 +135,7 @@ def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int
         seconds: float > 0, the budget of training seconds.
         learning_rate: float, the peak learning rate (the optimizer's is overwritten every
             step: give the optimizer a plain float rate, not a schedule).
-        warmup_steps: int >= 0, steps of linear warm-up.
+        warmup_steps: int >= 0, steps of linear warm-up. Defaults to `0`.
         decay_fraction: float in (0, 1], the final share of the budget over which the rate
             decays. Defaults to `0.3`.
         alpha: float, the final rate as a fraction of `learning_rate`. Defaults to `0.02`.
@@ -143,10 +145,15 @@ def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int
             of the weights at each; 1 keeps the final weights). Defaults to `1`.
         average_fraction: float in (0, 1], the final share of the budget whose weights are
             averaged. Defaults to `0.15`.
+        warmup_seconds: float > 0 or None, a warm-up measured in training seconds instead of
+            steps: the rate rises linearly from 0 at the end of the first step (which traces
+            the training function, so its length says nothing about the steps after it) to
+            `learning_rate` `warmup_seconds` later; the first step runs at rate 0. Only with
+            `warmup_steps=0`. Defaults to `None` (the warm-up, if any, counts steps).
 
     Returns:
         The callback; after `fit`, its `summary()` gives the training seconds, the steps run,
-        the steps of warm-up done, whether the budget ended the run and how many checkpoints
+        the steps and seconds of warm-up done, whether the budget ended the run and how many checkpoints
         were averaged, and when they were more than one its `final_weights` holds the
         trainable weights' values at the end (NumPy arrays, for comparison).
     """
@@ -161,6 +168,10 @@ def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int
             raise ValueError(f"Argument `{name}` must be an integer of at least "
                              f"{1 if name == 'average_checkpoints' else 0}. Received: "
                              f"{name}={value!r}")
+    if warmup_seconds is not None and not (warmup_seconds > 0 and warmup_steps == 0):
+        raise ValueError("Argument `warmup_seconds` must be a positive number of seconds, and "
+                         "only given with `warmup_steps=0`. Received: "
+                         f"warmup_seconds={warmup_seconds!r}, warmup_steps={warmup_steps!r}")
     if not 0 < average_fraction <= 1:
         raise ValueError("Argument `average_fraction` must be in (0, 1]. Received: "
                          f"average_fraction={average_fraction!r}")
@@ -174,12 +185,20 @@ def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int
             self.start, self.paused, self.steps = time.perf_counter(), 0.0, 0
             self.spent, self.pause_start, self.total = False, None, 0.0
             self.sums, self.averaged, self.final_weights = None, 0, None
+            self.first_step_end, self.warmup_done = None, 0
 
         def trained(self) -> float:
             return time.perf_counter() - self.start - self.paused
 
-        def rate(self) -> float:
-            warmup = min((self.steps + 1) / warmup_steps, 1.0) if warmup_steps else 1.0
+        def warmup(self) -> float:
+            """The share of the peak rate the warm-up allows the next step, in [0, 1]."""
+            if warmup_seconds is None:
+                return min((self.steps + 1) / warmup_steps, 1.0) if warmup_steps else 1.0
+            if self.first_step_end is None:
+                return 0.0
+            return min((self.trained() - self.first_step_end) / warmup_seconds, 1.0)
+
+        def rate(self, warmup: float) -> float:
             progress = min(max((self.trained() - decay_start) / (seconds - decay_start), 0.0),
                            1.0)
             return learning_rate * warmup * (1.0 - (1.0 - alpha) * progress)
@@ -203,10 +222,14 @@ def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int
                 self.sums = None
 
         def on_train_batch_begin(self, batch, logs=None):
-            self.model.optimizer.learning_rate = self.rate()
+            warmup = self.warmup()
+            self.warmup_done += warmup < 1.0
+            self.model.optimizer.learning_rate = self.rate(warmup)
 
         def on_train_batch_end(self, batch, logs=None):
             self.steps += 1
+            if self.first_step_end is None:
+                self.first_step_end = self.trained()
             if self.averaged < len(snapshot_times) and (
                     self.trained() >= snapshot_times[self.averaged]):
                 self.checkpoint()
@@ -226,7 +249,9 @@ def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int
         def summary(self) -> dict:
             return {"time_budget_s": seconds, "trained_s": round(self.total, 1),
                     "steps": self.steps, "budget_spent": self.spent,
-                    "warmup_steps_done": min(self.steps, warmup_steps),
+                    "warmup_steps_done": (self.warmup_done if warmup_seconds is not None
+                                          else min(self.steps, warmup_steps)),
+                    "warmup_s": warmup_seconds,
                     "checkpoints_averaged": self.averaged}
 
     return TimeBudget()

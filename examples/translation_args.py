@@ -52,6 +52,11 @@ def _default_text(defaults: dict, key: str) -> str:
 # benchmarks/RESULTS.md, "Fitting the schedule to a time budget").
 DECAY_FRACTION = 0.3
 
+# The share of a --time-budget over which the learning rate warms up when --warmup-steps is not
+# given (counted from the end of the first step, which traces the training function): on a
+# quiet 2-core machine 5% of 700 s is about the 300 steps the --epochs runs warm up over.
+WARMUP_FRACTION = 0.05
+
 # The share of a --time-budget whose weights --average-checkpoints averages (the second half of
 # the decay; benchmarks/RESULTS.md, "The examples' `--data` runs").
 AVERAGE_FRACTION = 0.15
@@ -104,7 +109,9 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
                         help="training epochs " + _default_text(defaults, "epochs"))
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                         help="train for this many seconds instead of a number of epochs: "
-                             "warm-up, then the peak learning rate, then a decay over the last "
+                             f"warm-up (over the first {100 * WARMUP_FRACTION:.0f}%% of the "
+                             "seconds unless --warmup-steps is given), then the peak learning "
+                             "rate, then a decay over the last "
                              f"{100 * DECAY_FRACTION:.0f}%% of the time (validation passes not "
                              "counted); training stops when it is spent (default: none, train "
                              "--epochs)")
@@ -166,8 +173,13 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
                         help="mass of each target token spread over the vocabulary in the loss "
                              + _default_text(defaults, "label_smoothing"))
     parser.add_argument("--warmup-steps", type=int, default=None,
-                        help="steps of linear learning-rate warm-up before the cosine decay "
-                             + _default_text(defaults, "warmup_steps"))
+                        help="steps of linear learning-rate warm-up before the cosine decay; "
+                             "with --time-budget the default is not a step count but the first "
+                             f"{100 * WARMUP_FRACTION:.0f}%% of the budget's seconds (the same "
+                             "share of any budget on any machine), and a value given here "
+                             "counts steps again "
+                             + _default_text(defaults, "warmup_steps").replace(
+                                 "(default: ", "(default without --time-budget: "))
     parser.add_argument("--pad-to-max", action="store_true",
                         help="pad every batch (training and validation) to the longest "
                              "sentence allowed instead of batching sentences of equal length "

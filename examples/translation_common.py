@@ -30,6 +30,7 @@ from translation_args import (  # noqa: F401
     DATES_HELP,
     DECAY_FRACTION,
     TASK_NAMES,
+    WARMUP_FRACTION,
     parse_args,
 )
 
@@ -412,16 +413,24 @@ def fit_plan(args) -> tuple[int, list]:
     if args.time_budget is None:
         return args.epochs, []
     average = getattr(args, "average_checkpoints", 1)
+    # Without --warmup-steps the warm-up is a share of the budget's seconds, so that it is the
+    # same share of a short budget or of a loaded machine's fewer steps.
+    warmup_steps = args.warmup_steps if "warmup_steps" in args.given else 0
+    warmup_seconds = (None if "warmup_steps" in args.given
+                      else WARMUP_FRACTION * args.time_budget)
     print(f"training for {args.time_budget:g} s (--time-budget): the learning rate warms up "
-          f"over {args.warmup_steps} steps, stays at {args.learning_rate:g}, and decays over "
+          + (f"over {warmup_steps} steps" if warmup_seconds is None else
+             f"over {warmup_seconds:g} s ({100 * WARMUP_FRACTION:.0f}% of the budget)")
+          + f", stays at {args.learning_rate:g}, and decays over "
           f"the last {100 * DECAY_FRACTION:.0f}% of the time"
           + (f"; the model kept averages {average} checkpoints of the last "
              f"{100 * AVERAGE_FRACTION:.0f}%" if average > 1 else "")
           + "; the epoch count Keras shows is only an upper bound")
     return MAX_EPOCHS, [time_budget_callback(args.time_budget, args.learning_rate,
-                                             args.warmup_steps, DECAY_FRACTION,
+                                             warmup_steps, DECAY_FRACTION,
                                              average_checkpoints=average,
-                                             average_fraction=AVERAGE_FRACTION)]
+                                             average_fraction=AVERAGE_FRACTION,
+                                             warmup_seconds=warmup_seconds)]
 
 
 def short_run_note(args, defaults: dict) -> str | None:

@@ -315,11 +315,11 @@ def budget_callback_with_a_clock(monkeypatch, start: float):
     return time_budget_callback, clock
 
 
-def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
-    """The learning rate warms up over the steps, stays at its peak, then decays linearly over
-    the last 30% of the training time (validation passes not counted) to 2% at the budget,
-    where training stops."""
-    time_budget_callback, clock = budget_callback_with_a_clock(monkeypatch, 100.0)
+def drive_budget_callback(callback, clock: list, step_seconds: dict, default: float = 1.0,
+                          pauses: dict | None = None) -> list:
+    """Runs a time-budget `callback` on a stand-in model until it stops training: step i takes
+    `step_seconds.get(i, default)` seconds of `clock`, and after `pauses`' step counts a
+    validation pass of that many seconds runs. Returns the learning rate set for each step."""
 
     class Model:
         stop_training = False
@@ -327,21 +327,32 @@ def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
         class optimizer:
             learning_rate = None
 
-    callback = time_budget_callback(60.0, 1e-3, warmup_steps=4)
     callback.set_model(Model)
     callback.on_train_begin()
     rates, step = [], 0
     while not Model.stop_training:
         callback.on_train_batch_begin(step)
         rates.append(Model.optimizer.learning_rate)
-        clock[0] += 2.0  # every step takes 2 s
+        clock[0] += step_seconds.get(step, default)
         callback.on_train_batch_end(step)
         step += 1
-        if step == 10:  # a validation pass of 50 s between epochs is not training time
+        if step in (pauses or {}):
             callback.on_test_begin()
-            clock[0] += 50.0
+            clock[0] += pauses[step]
             callback.on_test_end()
     callback.on_train_end()
+    return rates
+
+
+def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
+    """The learning rate warms up over the steps, stays at its peak, then decays linearly over
+    the last 30% of the training time (validation passes not counted) to 2% at the budget,
+    where training stops."""
+    time_budget_callback, clock = budget_callback_with_a_clock(monkeypatch, 100.0)
+
+    callback = time_budget_callback(60.0, 1e-3, warmup_steps=4)
+    # every step takes 2 s; a validation pass of 50 s after step 10 is not training time
+    rates = drive_budget_callback(callback, clock, {}, 2.0, pauses={10: 50.0})
     assert rates[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
     assert rates[4:22] == pytest.approx([1e-3] * 18)  # the peak until 42 s of 60
     # then 1e-3 (1 - 0.98 (t - 42) / 18) at the t = 2 * step seconds trained
@@ -349,7 +360,7 @@ def test_time_budget_fits_the_schedule_and_stops_training(monkeypatch):
                                         for i in range(22, 30)])
     assert len(rates) == 30 and callback.summary() == {
         "time_budget_s": 60.0, "trained_s": 60.0, "steps": 30, "budget_spent": True,
-        "warmup_steps_done": 4, "checkpoints_averaged": 0}
+        "warmup_steps_done": 4, "warmup_s": None, "checkpoints_averaged": 0}
 
 
 def test_time_budget_averages_the_last_checkpoints(monkeypatch):
@@ -381,6 +392,55 @@ def test_time_budget_averages_the_last_checkpoints(monkeypatch):
     assert callback.summary()["checkpoints_averaged"] == 4
     with pytest.raises(ValueError, match="average_checkpoints"):
         time_budget_callback(60.0, 1e-3, warmup_steps=0, average_checkpoints=0)
+
+
+def budget_rates(monkeypatch, args, step_seconds: dict) -> tuple[list, dict]:
+    """The learning rates `translation_common.fit_plan(args)`'s callback sets for each step of
+    a run whose step i takes `step_seconds.get(i, 1.0)` seconds, and its summary."""
+    _, clock = budget_callback_with_a_clock(monkeypatch, 0.0)
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from translation_common import fit_plan
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+    _, (callback,) = fit_plan(args)
+    rates = drive_budget_callback(callback, clock, step_seconds)
+    return rates, callback.summary()
+
+
+def test_time_budget_warms_up_over_a_share_of_its_seconds(monkeypatch):
+    """Without --warmup-steps a --time-budget run warms up over the first 5% of the budget's
+    seconds, counted from the end of the first step (which traces the training function):
+    100 s, a first step of 10 s and steps of 1 s after it -> 0 for the first step, then a
+    linear ramp over 5 s (5 steps), the peak until 70 s, the decay to 2% at 100 s."""
+    import argparse
+
+    args = argparse.Namespace(time_budget=100.0, learning_rate=1e-3, warmup_steps=300,
+                              given=["time_budget"], average_checkpoints=1)
+    rates, summary = budget_rates(monkeypatch, args, {0: 10.0})
+    assert rates[:7] == pytest.approx([0.0, 0.0, 2e-4, 4e-4, 6e-4, 8e-4, 1e-3])
+    assert rates[7:61] == pytest.approx([1e-3] * 54)  # trained 16 ... 69 s
+    assert rates[61:] == pytest.approx([1e-3 * (1 - 0.98 * (t - 70) / 30)
+                                        for t in range(70, 100)])
+    assert summary["steps"] == 91 and summary["warmup_steps_done"] == 6
+    assert summary["warmup_s"] == pytest.approx(5.0)
+    time_budget_callback, _ = budget_callback_with_a_clock(monkeypatch, 0.0)
+    with pytest.raises(ValueError, match=r"warmup_seconds=5\.0, warmup_steps=3"):
+        time_budget_callback(100.0, 1e-3, warmup_steps=3, warmup_seconds=5.0)
+    with pytest.raises(ValueError, match=r"warmup_seconds=0"):
+        time_budget_callback(100.0, 1e-3, warmup_seconds=0)
+
+
+def test_explicit_warmup_steps_keep_counting_steps_under_a_budget(monkeypatch):
+    """`--warmup-steps 4` with `--time-budget 100`: the warm-up is 4 steps, whatever they take."""
+    import argparse
+
+    args = argparse.Namespace(time_budget=100.0, learning_rate=1e-3, warmup_steps=4,
+                              given=["time_budget", "warmup_steps"], average_checkpoints=1)
+    rates, summary = budget_rates(monkeypatch, args, {0: 10.0})
+    assert rates[:5] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert summary["warmup_steps_done"] == 4 and summary["warmup_s"] is None
 
 
 def test_warmup_longer_than_the_run_is_refused(tmp_path):
