@@ -37,8 +37,17 @@ def int8_paths(model):
                   if keras.backend.standardize_dtype(w.dtype) == "int8")
 
 
-@pytest.mark.parametrize("tie_embeddings", [False, True], ids=["untied", "tied"])
-@pytest.mark.parametrize("position_encoding", SCHEMES)
+def _grid():
+    """Every scheme tied and untied; the default run keeps each scheme once, tied and untied
+    alternating (both table paths, every cache path), the other half is marked slow."""
+    for index, scheme in enumerate(SCHEMES):
+        for tied in (False, True):
+            marks = () if tied == (index % 2 == 0) else (pytest.mark.slow,)
+            yield pytest.param(scheme, tied, marks=marks,
+                               id=f"{scheme}-{'tied' if tied else 'untied'}")
+
+
+@pytest.mark.parametrize(("position_encoding", "tie_embeddings"), list(_grid()))
 def test_int8_logits_stay_close_decode_as_they_run_and_load_back(position_encoding,
                                                                  tie_embeddings, tmp_path):
     model, reference = quantized_pair(position_encoding, tie_embeddings)
