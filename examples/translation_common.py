@@ -415,9 +415,8 @@ def fit_plan(args) -> tuple[int, list]:
     average = getattr(args, "average_checkpoints", 1)
     # Without --warmup-steps the warm-up is a share of the budget's seconds, so that it is the
     # same share of a short budget or of a loaded machine's fewer steps.
-    warmup_steps = args.warmup_steps if "warmup_steps" in args.given else 0
-    warmup_seconds = (None if "warmup_steps" in args.given
-                      else WARMUP_FRACTION * args.time_budget)
+    warmup_steps, warmup_seconds = ((args.warmup_steps, None) if "warmup_steps" in args.given
+                                    else (0, WARMUP_FRACTION * args.time_budget))
     print(f"training for {args.time_budget:g} s (--time-budget): the learning rate warms up "
           + (f"over {warmup_steps} steps" if warmup_seconds is None else
              f"over {warmup_seconds:g} s ({100 * WARMUP_FRACTION:.0f}% of the budget)")

@@ -532,6 +532,18 @@ def rms_norm(x, scale=None, epsilon=1e-6, axis=-1):
     return out if scale is None else out * _f64(scale)
 
 
+def numeric_gradient(loss, x, step=1e-6):
+    """Central differences of the scalar `loss(x)` with respect to every element of `x`,
+    in float64: `(loss(x + h e_i) - loss(x - h e_i)) / 2h`."""
+    x = np.asarray(x, dtype="float64")
+    grad = np.zeros(x.shape)
+    for index in np.ndindex(x.shape):
+        shift = np.zeros(x.shape)
+        shift[index] = step
+        grad[index] = (loss(x + shift) - loss(x - shift)) / (2 * step)
+    return grad
+
+
 def layer_norm(x, gamma=None, beta=None, epsilon=1e-3, axis=-1):
     """``(x - mean) / sqrt(var + epsilon) * gamma + beta`` with the population variance.
 
