@@ -14,7 +14,9 @@ compilation), then `--rounds` timed calls, median. The configurations:
   loaded machine OpenMP's spinning threads made torch 20x slower (8 Llama tokens: 10 s
   spinning, 0.5 s passive);
 - `keras-hub`: `GPT2CausalLM` / `LlamaCausalLM.generate` (`sampler="greedy"`, no stop token),
-  float32, on the Keras backend of the row;
+  float32, on the Keras backend of the row, compiled as `compile(sampler="greedy")` leaves it
+  (on TensorFlow its `jit_compile` resolves to False here: a `tf.function` without XLA);
+  `keras-hub float32-xla`: the same with `compile(..., jit_compile=True)` (TensorFlow);
 - `keras_attn <variant>`: `keras_attn.checkpoints.build_model` of the same architecture with
   random canonical weights (NumPy, seeded: every variant has the same weights), generating with
   `keras_attn.decoding.generate(eos_id=None)`; `float32`, `bfloat16` (`dtype="bfloat16"`: the
@@ -76,7 +78,8 @@ CONFIGS = {
 VARIANTS = ("float32", "float32-xla", "bfloat16", "bfloat16-xla", "int8", "int8-xla")
 # (backend, contender, variant) in the order of the table.
 CONFIGURATIONS = (
-    [("torch", "hf", "float32"), ("tensorflow", "keras-hub", "float32")]
+    [("torch", "hf", "float32"), ("tensorflow", "keras-hub", "float32"),
+     ("tensorflow", "keras-hub", "float32-xla")]
     + [("tensorflow", "keras_attn", v) for v in VARIANTS]
     + [("jax", "keras-hub", "float32")]
     + [("jax", "keras_attn", v) for v in ("float32", "bfloat16", "int8")])
@@ -157,7 +160,7 @@ def hf_generate(shape: str, new_tokens: int):
     return generate, read, None
 
 
-def keras_hub_generate(shape: str, new_tokens: int):
+def keras_hub_generate(shape: str, new_tokens: int, xla: bool = False):
     import keras
     import keras_hub
     import numpy as np
@@ -178,7 +181,7 @@ def keras_hub_generate(shape: str, new_tokens: int):
             hidden_dim=config["hidden_size"], intermediate_dim=config["intermediate_size"],
             layer_norm_epsilon=config["rms_norm_eps"], rope_max_wavelength=config["rope_theta"])
         model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
-    model.compile(sampler="greedy")
+    model.compile(sampler="greedy", jit_compile=xla)
 
     def generate(prompt):
         batch, length = prompt.shape
@@ -269,7 +272,8 @@ def worker(args) -> None:
     if contender == "hf":
         generate, read, logits = hf_generate(shape, args.new_tokens)
     elif contender == "keras-hub":
-        generate, read, logits = keras_hub_generate(shape, args.new_tokens)
+        generate, read, logits = keras_hub_generate(shape, args.new_tokens,
+                                                    variant.endswith("-xla"))
     else:
         generate, read, logits = keras_attn_generate(shape, args.new_tokens, variant)
     built = time.perf_counter() - start
@@ -484,7 +488,7 @@ def main(argv=None) -> None:
                         json.dump({b: p["tokens"] for b, p in reference.items()}, f)
                     command += ["--reference", path]
                 points = run(command + common, backend)
-                name = contender if contender != "keras_attn" else f"keras_attn {variant}"
+                name = row_name(contender, variant)
                 if isinstance(points, str):
                     print(f"| {shape} | | {backend} | {name} | failed: {points} |||||||||",
                           flush=True)
@@ -498,11 +502,18 @@ def main(argv=None) -> None:
                   f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} -->", flush=True)
 
 
+def row_name(contender: str, variant: str) -> str:
+    """The table's name of a configuration: the contender, with its variant unless float32 of
+    hf or keras-hub."""
+    plain = contender != "keras_attn" and variant == "float32"
+    return contender if plain else f"{contender} {variant}"
+
+
 def print_row(shape, backend, contender, variant, point, rates, reference, memory,
               new_tokens) -> None:
     """One table row (ratios to the rows of the same batch measured before it)."""
     batch = point["batch"]
-    name = contender if contender != "keras_attn" else f"keras_attn {variant}"
+    name = row_name(contender, variant)
     if point["generated"] != new_tokens or not point["prompt_kept"]:
         name += f" (generated {point['generated']}, prompt kept {point['prompt_kept']})"
     rate = point["tokens_per_second"]

@@ -17,7 +17,11 @@ knowledge distillation, Kim & Rush 2016, as Mask-Predict trains): RUN is a finis
 `examples/transformer_translation.py` on the same data (same split and vocabularies, checked);
 its model translates the training sources with beam search (`--teacher-beam`), and those
 translations become the training targets. The teacher's translating time is reported apart
-from the training time (and cached in RUN, so the next student reuses it).
+from the training time (and cached in RUN, so the next student reuses it). The NAT also starts
+from the teacher's weights (`--init teacher`, the default with `--teacher`; it needs the
+teacher's model sizes): the encoder is the same, and the decoder differs only in its
+self-attention mask and the `<mask>` embedding row, so only the length predictor starts
+untrained.
 
     python examples/nat_translation.py --out runs/nat
     python examples/nat_translation.py --data fra.txt --out runs/nat_fra
@@ -27,6 +31,7 @@ from the training time (and cached in RUN, so the next student reuses it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -77,6 +82,10 @@ SCRIPT_FLAGS = {
                       "options): train on its beam translations of the training sources "
                       "instead of the references (default: none, train on the references)")),
     "teacher_beam": (int, "beam size of the teacher's translations"),
+    "init": (str, ("the NAT's starting weights: 'teacher' (the --teacher model's encoder, "
+                   "decoder blocks, norms, head and token embeddings; the teacher needs the "
+                   "same --num-layers, --embed-dim, --num-heads and --ffn-dim) or 'random' "
+                   "(default: 'teacher' with --teacher, else 'random')")),
 }
 
 USAGE = (
@@ -121,15 +130,8 @@ def token_counts(vectorizer, texts: list[str]):
     return np.array([len(text.split()) for text in texts])
 
 
-def distilled_pairs(data, args) -> tuple[list, dict]:
-    """The training sources paired with the teacher's beam translations (sequence-level
-    knowledge distillation), and what it took: the teacher's translating seconds, apart from
-    any training time. The translations are cached in the teacher's run directory."""
-    import hashlib
-
-    import keras
-    from translation_common import translate
-
+def teacher_metrics(data, args) -> dict:
+    """The teacher run's metrics.json; exits when it was trained on other data options."""
     with open(os.path.join(args.teacher, "metrics.json")) as f:
         teacher = json.load(f)
     ours = data_options(args, data)
@@ -140,6 +142,41 @@ def distilled_pairs(data, args) -> tuple[list, dict]:
                  "data: " + "; ".join(f"{key} {theirs.get(key)!r} there, {ours[key]!r} here"
                                       for key in different)
                  + ". Give this run the teacher's data options.")
+    return teacher
+
+
+@contextlib.contextmanager
+def float32_policy():
+    """The teacher is loaded and translates as it was saved: under the float32 policy."""
+    import keras
+
+    saved = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(saved)
+
+
+def load_teacher(args):
+    """The teacher run's model (under the float32 policy, as it was saved)."""
+    import keras
+
+    with float32_policy():
+        return keras.models.load_model(os.path.join(args.teacher, "model.keras"),
+                                       compile=False)
+
+
+def distilled_pairs(data, args, teacher: dict) -> tuple[list, dict]:
+    """The training sources paired with the teacher's beam translations (sequence-level
+    knowledge distillation), and what it took: the teacher's translating seconds, apart from
+    any training time. The translations are cached in the teacher's run directory.
+    `teacher` is the teacher's metrics (`teacher_metrics`)."""
+    import hashlib
+
+    from translation_common import translate
+
+    ours = data_options(args, data)
     sources = [source for source, _ in data.train]
     cache = os.path.join(args.teacher, f"distilled_train_beam{args.teacher_beam}.json")
     key = hashlib.sha1(json.dumps([ours, args.teacher_beam]).encode()).hexdigest()
@@ -152,9 +189,10 @@ def distilled_pairs(data, args) -> tuple[list, dict]:
     else:
         print(f"the teacher ({args.teacher}) translates the {len(sources)} training sources "
               f"with beam {args.teacher_beam} ...", flush=True)
-        model = keras.models.load_model(os.path.join(args.teacher, "model.keras"))
+        model = load_teacher(args)
         start = time.perf_counter()
-        translations = translate(model, data, sources, args.teacher_beam)
+        with float32_policy():
+            translations = translate(model, data, sources, args.teacher_beam)
         seconds, cached = time.perf_counter() - start, False
         with open(cache, "w") as f:
             json.dump({"key": key, "seconds": seconds, "translations": translations}, f)
@@ -179,6 +217,22 @@ def distilled_pairs(data, args) -> tuple[list, dict]:
           f"translated them in {seconds:.0f} s{' (cached earlier)' if cached else ''}, not "
           "counted in the training time below", flush=True)
     return kept, info
+
+
+def start_from_teacher(model, args) -> dict:
+    """Copy the teacher's weights into the NAT (`initialize_from_seq2seq`); what was copied."""
+    from keras_attn.models import initialize_from_seq2seq
+
+    try:
+        report = initialize_from_seq2seq(model, load_teacher(args))
+    except ValueError as error:
+        sys.exit(f"nat_translation.py: error: --init teacher: {error} (give the NAT the "
+                 "teacher's --num-layers, --embed-dim, --num-heads and --ffn-dim, or --init "
+                 "random)")
+    print(f"starting from the teacher's weights: {report['copied']} variables copied; left "
+          f"as initialised: {', '.join(report['kept'])} and the <mask> embedding row",
+          flush=True)
+    return report
 
 
 def translate(model, data, sources: list[str], iterations: int, length_beam: int):
@@ -240,6 +294,13 @@ def main(argv=None) -> dict:
                                                                     "metrics.json")):
         sys.exit(f"nat_translation.py: error: --teacher {args.teacher} holds no finished run "
                  "of transformer_translation.py (no metrics.json)")
+    if args.init is None:
+        args.init = "random" if args.teacher is None else "teacher"
+    if args.init not in ("random", "teacher"):
+        sys.exit(f"nat_translation.py: error: --init must be 'random' or 'teacher'; received "
+                 f"{args.init!r}")
+    if args.init == "teacher" and args.teacher is None:
+        sys.exit("nat_translation.py: error: --init teacher needs --teacher")
     import_tensorflow_quietly()
     import keras
 
@@ -251,12 +312,16 @@ def main(argv=None) -> dict:
     keras.utils.set_random_seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
     data, raw = load_and_describe(args)
-    train_pairs, teacher = (distilled_pairs(data, args) if args.teacher is not None
-                            else (data.train, {}))
+    teacher = teacher_metrics(data, args) if args.teacher is not None else None
     keras.config.set_dtype_policy(args.precision)
-
     model = build_model(data, args)
     check_mask_predict_args(model, args.iterations, args.length_beam, None)  # before training
+    # Before the teacher's translating: a teacher of other sizes is refused at once.
+    init = start_from_teacher(model, args) if args.init == "teacher" else None
+    train_pairs, teacher = (distilled_pairs(data, args, teacher) if teacher is not None
+                            else (data.train, {}))
+    if init is not None:
+        teacher["init"] = init
     grouped = not args.pad_to_max
     train = make_cmlm_dataset(data, train_pairs, args.batch_size, shuffle=True, seed=args.seed,
                               group_by_length=grouped)
@@ -309,7 +374,7 @@ def main(argv=None) -> dict:
         "by_iterations": {str(k): v for k, v in results.items()},
         "source_unknown_rate": final["source_unknown_rate"],
         "output_unknown_rate": final["output_unknown_rate"],
-        "train_seconds": train_seconds, **budget, **teacher,
+        "train_seconds": train_seconds, **budget, **teacher, "init_from": args.init,
         "epochs": None if args.time_budget is not None else args.epochs,
         "data_seconds": args.data_seconds, "data_options": data_options(args, data),
         "epochs_run": len(history.history.get("loss", [])), "precision": args.precision,

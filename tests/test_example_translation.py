@@ -202,6 +202,11 @@ def test_subword_teacher_and_distilled_nat_on_pairs(tmp_path):
     other, out = run_example("nat_translation.py", tmp_path, *data[:4], "--vocab-size", "50",
                              "--teacher", str(teacher), check=False)
     assert other.returncode != 0 and "vocab_size 40 there, 50 here" in other.stderr
+    # A student of other sizes cannot start from the teacher: refused before it translates.
+    other, out = run_example("nat_translation.py", tmp_path, *data, *size[:-1], "32",
+                             "--teacher", str(teacher), check=False)
+    assert other.returncode != 0 and "ffn_dim=32" in other.stderr, other.stderr[-500:]
+    assert not (teacher / "distilled_train_beam4.json").exists()
     # One epoch of however many distilled pairs the teacher's outputs leave: a short warm-up.
     result, out = run_example("nat_translation.py", tmp_path, *data[:-2], "--warmup-steps", "2",
                               *size, "--epochs", "1",
@@ -215,6 +220,10 @@ def test_subword_teacher_and_distilled_nat_on_pairs(tmp_path):
     assert metrics["export_matches_python"] is True
     assert set(metrics["by_iterations"]) == {"1", "2", "4", "10"}
     assert "translating not counted" in result.stdout
+    # With --teacher the NAT starts from the teacher's weights: all but the length predictor.
+    assert metrics["init"]["copied"] > 0 and "starting from the teacher's weights" in result.stdout
+    assert metrics["init"]["kept"] and all("length_predictor" in path
+                                           for path in metrics["init"]["kept"])
 
 
 def sample_inputs(stdout):
@@ -261,6 +270,7 @@ def test_nat_help_lists_only_what_it_runs_and_refuses_the_rest(tmp_path):
     for expected in ("--iterations ITERATIONS", "--length-beam LENGTH_BEAM",
                      "(default: 1 for the built-in dates, 3 for --data/--download)",
                      "--teacher TEACHER", "--teacher-beam TEACHER_BEAM", "--time-budget SECONDS",
+                     "--init INIT",
                      "--pad-to-max", "--tokenizer {word,sentencepiece}",
                      "examples: python examples/nat_translation.py --out runs/nat",
                      "a quick check that everything runs: most translations come out wrong"):
@@ -277,6 +287,11 @@ def test_nat_help_lists_only_what_it_runs_and_refuses_the_rest(tmp_path):
                               check=False)
     assert result.returncode != 0 and "no finished run" in result.stderr
     assert not out.exists()
+    for flag, message in ((["--init", "teacher"], "--init teacher needs --teacher"),
+                          (["--init", "zeros"], "--init must be 'random' or 'teacher'")):
+        result, out = run_example("nat_translation.py", tmp_path, *flag, check=False)
+        assert result.returncode != 0 and message in result.stderr, result.stderr[-500:]
+        assert not out.exists()
 
 
 @pytest.mark.parametrize("script", ["transformer_translation.py", "nat_translation.py"])

@@ -10,7 +10,12 @@ from reference import log_softmax
 
 from keras_attn.decoding import mask_predict
 from keras_attn.layers import CMLMDecoder, TransformerDecoderBlock
-from keras_attn.models import compile_cmlm, nat_seq2seq, transformer_seq2seq
+from keras_attn.models import (
+    compile_cmlm,
+    initialize_from_seq2seq,
+    nat_seq2seq,
+    transformer_seq2seq,
+)
 from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID, mask_id
 
 SOURCE_VOCAB, TARGET_VOCAB, MAX_LENGTH = 30, 12, 7
@@ -208,6 +213,90 @@ def test_bad_models_and_builder_arguments_raise():
         nat_seq2seq(10, 10, 1, 8, 3, 8, 0.0, 5)
     with pytest.raises(ValueError, match="length_loss_weight"):
         compile_cmlm(tiny_model(), "adam", length_loss_weight=-1.0)
+
+
+def test_initialize_from_seq2seq_copies_the_teachers_weights():
+    keras.utils.set_random_seed(3)
+    nat, teacher = tiny_model(), transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1,
+                                                     embed_dim=16, num_heads=2, ffn_dim=32,
+                                                     dropout=0.0)
+    src = sources()
+    targets = np.random.default_rng(1).integers(4, TARGET_VOCAB, (4, 5)).astype("int32")
+    teacher([src, targets])
+    mask_row = as_np(nat.get_layer("decoder").embedding.token_embedding.embeddings)[MASK]
+    length_kernel = as_np(nat.get_layer("length_predictor").weights[0])
+    report = initialize_from_seq2seq(nat, teacher)
+    assert report["copied"] == len(nat.get_layer("encoder").weights) + len(
+        nat.get_layer("decoder").weights)
+    assert len(report["kept"]) == len(nat.get_layer("length_predictor").weights) > 0
+    # The encoders are now one function.
+    ours, theirs = nat.get_layer("encoder")(src), teacher.get_layer("encoder")(src)
+    assert_allclose(ours, theirs, atol=1e-6)
+    # With one block the last target position sees every position under the causal mask too,
+    # so the two decoders' logits agree there (on the ids the NAT may emit).
+    mask = nat.get_layer("encoder").padding_mask(src)
+    nat_logits = nat.get_layer("decoder")(targets, ours, encoder_padding_mask=mask)
+    teacher_logits = teacher.get_layer("decoder")(targets, theirs, encoder_padding_mask=mask)
+    assert_allclose(as_np(nat_logits)[:, -1, 4:], as_np(teacher_logits)[:, -1, 4:], atol=1e-5)
+    assert not np.allclose(as_np(nat_logits)[:, 0, 4:], as_np(teacher_logits)[:, 0, 4:])
+    # What has no counterpart keeps its initial value.
+    embeddings = as_np(nat.get_layer("decoder").embedding.token_embedding.embeddings)
+    assert_array_equal(embeddings[MASK], mask_row)
+    assert_array_equal(as_np(nat.get_layer("length_predictor").weights[0]), length_kernel)
+
+
+def test_initialize_from_seq2seq_two_pre_ln_blocks_into_a_mixed_precision_nat():
+    """Final norms (pre-LN), two blocks each, and float32 variables under `mixed_bfloat16`."""
+    sizes = {"num_layers": 2, "embed_dim": 16, "num_heads": 2, "ffn_dim": 32, "dropout": 0.0,
+             "norm_first": True}
+    keras.utils.set_random_seed(4)
+    teacher = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, **sizes)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        nat = nat_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, max_target_length=MAX_LENGTH, **sizes)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    report = initialize_from_seq2seq(nat, teacher)
+    assert report["copied"] == len(nat.get_layer("encoder").weights) + len(
+        nat.get_layer("decoder").weights)
+    for part in ("encoder", "decoder"):
+        ours, theirs = nat.get_layer(part), teacher.get_layer(part)
+        assert ours.final_norm is not None
+        for mine, given in zip(ours.final_norm.weights + ours.blocks[1].weights,
+                               theirs.final_norm.weights + theirs.blocks[1].weights):
+            assert mine.dtype == "float32"
+            assert_array_equal(as_np(mine), as_np(given))
+    src = sources()
+    assert_allclose(nat.get_layer("encoder")(src), teacher.get_layer("encoder")(src),
+                    atol=0.05)  # bfloat16 arithmetic against float32
+
+
+def test_initialize_from_seq2seq_refuses_other_shapes_and_models():
+    nat = tiny_model()
+    nat([sources(), np.full((4, 3), MASK, "int32")])
+    wider = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, embed_dim=16,
+                                num_heads=2, ffn_dim=64, dropout=0.0)
+    wider([sources(), np.full((4, 3), 5, "int32")])
+    with pytest.raises(ValueError, match="ffn_dim=32.*ffn_dim=64"):
+        initialize_from_seq2seq(nat, wider)
+    other_vocab = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB + 1, num_layers=1,
+                                      embed_dim=16, num_heads=2, ffn_dim=32, dropout=0.0)
+    other_vocab([sources(), np.full((4, 3), 5, "int32")])
+    with pytest.raises(ValueError, match="vocab_size"):
+        initialize_from_seq2seq(nat, other_vocab)
+    gelu = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, embed_dim=16,
+                               num_heads=2, ffn_dim=32, dropout=0.0, activation="gelu")
+    with pytest.raises(ValueError, match="activation='relu'.*activation='gelu'"):
+        initialize_from_seq2seq(nat, gelu)
+    quantized = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, embed_dim=16,
+                                    num_heads=2, ffn_dim=32, dropout=0.0)
+    quantized.quantize("int8")
+    with pytest.raises(ValueError, match="seq2seq"):
+        initialize_from_seq2seq(tiny_model(), quantized)
+    with pytest.raises(ValueError, match="`seq2seq`"):
+        initialize_from_seq2seq(nat, keras.Sequential([keras.layers.Dense(2)]))
+    with pytest.raises(ValueError, match="`model`"):
+        initialize_from_seq2seq(wider, wider)
 
 
 # ---- training data and loss (tf.data) ----------------------------------------------------------

@@ -23,7 +23,7 @@ from keras_attn.models.causal_lm import causal_lm
 from keras_attn.models.cmlm import CMLMDecoder, LengthPredictor
 from keras_attn.models.decoder_only import TransformerDecoderOnly
 from keras_attn.models.lora import enable_lora
-from keras_attn.models.nat import compile_cmlm, nat_seq2seq
+from keras_attn.models.nat import compile_cmlm, initialize_from_seq2seq, nat_seq2seq
 from keras_attn.models.transformer import (
     TransformerDecoder,
     TransformerEncoder,
@@ -42,6 +42,7 @@ __all__ = [
     "causal_lm",
     "compile_cmlm",
     "enable_lora",
+    "initialize_from_seq2seq",
     "nat_seq2seq",
     "transformer_seq2seq",
 ]

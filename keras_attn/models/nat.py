@@ -14,6 +14,7 @@ decoding: `keras_attn.decoding.mask_predict`; export: `keras_attn.export.export_
 from __future__ import annotations
 
 import keras
+import numpy as np
 
 from keras_attn._checks import check_number, check_positive_int
 from keras_attn.models.cmlm import CMLMDecoder, LengthPredictor
@@ -150,3 +151,101 @@ def compile_cmlm(model: keras.Model, optimizer="adam", length_loss_weight: float
         **kwargs,
     )
     return model
+
+
+# The stack options that must agree for one stack's weights to start another's (the config's
+# values: `activation` as Keras serializes it).
+_MATCHING_OPTIONS = ("vocab_size", "num_layers", "embed_dim", "num_heads", "ffn_dim",
+                     "norm_first", "activation", "epsilon")
+
+
+def initialize_from_seq2seq(model: keras.Model, seq2seq: keras.Model) -> dict:
+    """Start a `nat_seq2seq` model from the weights of a trained `transformer_seq2seq`.
+
+    The NAT's encoder is the seq2seq Transformer's encoder and its decoder differs from the
+    autoregressive one only in its self-attention mask and one more embedding row (`<mask>`),
+    so an autoregressive teacher's weights are a trained starting point for the NAT (its
+    length predictor starts untrained). Copied: every encoder weight; the decoder's blocks,
+    final norm and output head; the decoder's token embedding rows `0..V-1`. Kept as
+    initialised: the `<mask>` row (id `V`) and the length predictor. Variables are copied as
+    stored (float32 under a `mixed_*` policy).
+
+    Args:
+        model: a built `nat_seq2seq` model (not quantized), changed in place.
+        seq2seq: a built `transformer_seq2seq` model (not quantized) with the same
+            vocabularies, `num_layers`, `embed_dim`, `num_heads`, `ffn_dim`, `norm_first`,
+            `activation` and `epsilon`.
+
+    Returns:
+        A dict: `"copied"`, the number of variables copied, and `"kept"`, the paths of the
+        NAT's variables left as they were (the length predictor's).
+
+    Raises:
+        ValueError: if `model` or `seq2seq` is not of its kind, or an option, a variable's
+            shape or its dtype differs (the error names it and both values).
+
+    Example:
+    >>> teacher = transformer_seq2seq(100, 120, num_layers=1, embed_dim=32, num_heads=4,
+    ...                               ffn_dim=64)
+    >>> nat = nat_seq2seq(100, 120, num_layers=1, embed_dim=32, num_heads=4, ffn_dim=64,
+    ...                   max_target_length=8)
+    >>> initialize_from_seq2seq(nat, teacher)["kept"]
+    ['length_predictor/dense/kernel', 'length_predictor/dense/bias']
+    """
+    if not isinstance(model, keras.Model) or not _has_layers(model, ("encoder", "decoder",
+                                                                     "length_predictor")):
+        raise ValueError("Argument `model` must be a keras_attn.models.nat_seq2seq model. "
+                         f"Received: model={model!r}")
+    if not isinstance(seq2seq, keras.Model) or not _has_layers(seq2seq, ("encoder", "decoder")):
+        raise ValueError("Argument `seq2seq` must be a keras_attn.models.transformer_seq2seq "
+                         f"model. Received: seq2seq={seq2seq!r}")
+    copied = 0
+    for part in ("encoder", "decoder"):
+        ours, theirs = model.get_layer(part), seq2seq.get_layer(part)
+        for stack, label in ((ours, "model"), (theirs, "seq2seq")):
+            if not getattr(stack, "built", False) or not hasattr(stack, "blocks"):
+                raise ValueError(f"Argument `{label}` must be built and hold a keras_attn "
+                                 f"{part} stack. Received: {part}={stack!r}")
+        mine_config, their_config = ours.get_config(), theirs.get_config()
+        for option in _MATCHING_OPTIONS:
+            if mine_config.get(option) != their_config.get(option):
+                raise ValueError(
+                    f"Argument `seq2seq` must have the NAT's {part} {option}="
+                    f"{mine_config.get(option)!r}. Received: {option}="
+                    f"{their_config.get(option)!r}")
+        # The one variable whose shape differs: the NAT decoder's token table has the
+        # `<mask>` row (id V) after the teacher's V rows.
+        mask_table = ours.embedding.token_embedding.embeddings if part == "decoder" else None
+        pairs = [(ours.embedding, theirs.embedding)]
+        pairs += list(zip(ours.blocks, theirs.blocks))
+        pairs += [(a, b) for a, b in ((ours.final_norm, theirs.final_norm),
+                                      (ours.head, theirs.head)) if a is not None]
+        for a, b in pairs:
+            if b is None or len(a.weights) != len(b.weights):
+                raise ValueError(
+                    f"Argument `seq2seq` must have the NAT's {part} layout: {a.name} holds "
+                    f"{len(a.weights)} variables. Received: "
+                    f"{'none' if b is None else len(b.weights)} in the seq2seq's {part}")
+            for mine, given in zip(a.weights, b.weights):
+                if mine.dtype != given.dtype or "float" not in str(mine.dtype):
+                    raise ValueError(
+                        f"Argument `seq2seq` must store {mine.path} as {mine.dtype} floats "
+                        f"(neither model quantized). Received: {given.path} as {given.dtype}")
+                value = keras.ops.convert_to_numpy(given)
+                shape = tuple(mine.shape)
+                if mine is mask_table and value.shape == (shape[0] - 1,) + shape[1:]:
+                    value = np.concatenate([value, keras.ops.convert_to_numpy(mine)[-1:]], 0)
+                if value.shape != shape:
+                    raise ValueError(
+                        f"Argument `seq2seq` must have the NAT's shapes: {mine.path} is "
+                        f"{shape}. Received: {given.path} of shape {tuple(given.shape)}")
+                mine.assign(value)
+                copied += 1
+    done = {id(v) for part in ("encoder", "decoder") for v in model.get_layer(part).weights}
+    kept = [v.path for v in model.weights if id(v) not in done]
+    return {"copied": copied, "kept": kept}
+
+
+def _has_layers(model, names) -> bool:
+    """Whether `model` has a layer of each of `names`."""
+    return all(any(layer.name == name for layer in model.layers) for name in names)
