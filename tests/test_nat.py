@@ -222,7 +222,6 @@ def test_initialize_from_seq2seq_copies_the_teachers_weights():
                                                      dropout=0.0)
     src = sources()
     targets = np.random.default_rng(1).integers(4, TARGET_VOCAB, (4, 5)).astype("int32")
-    teacher([src, targets])
     mask_row = as_np(nat.get_layer("decoder").embedding.token_embedding.embeddings)[MASK]
     length_kernel = as_np(nat.get_layer("length_predictor").weights[0])
     report = initialize_from_seq2seq(nat, teacher)
@@ -291,7 +290,7 @@ def test_initialize_from_seq2seq_refuses_other_shapes_and_models():
     quantized = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, embed_dim=16,
                                     num_heads=2, ffn_dim=32, dropout=0.0)
     quantized.quantize("int8")
-    with pytest.raises(ValueError, match="seq2seq"):
+    with pytest.raises(ValueError, match="layout|quantized"):
         initialize_from_seq2seq(tiny_model(), quantized)
     with pytest.raises(ValueError, match="`seq2seq`"):
         initialize_from_seq2seq(nat, keras.Sequential([keras.layers.Dense(2)]))
