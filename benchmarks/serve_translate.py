@@ -12,8 +12,10 @@ timed with it, as the SavedModels' are inside their graphs.
 
 For each: corpus BLEU (0-100, words) and exact match on the held-out split, and sentences/s
 at batch 1 (`--single` sentences one by one) and at batch 256 (`--batches` batches, fewer
-sentences when the split is smaller), after a warm-up call of each size. The NAT is served
-with the length beam its run used (its metrics.json).
+sentences when the split is smaller), after a warm-up call of each size. The AT's beam ranks
+with the length penalty its run used and the NAT decodes with the length beam its run used
+(both from the run's metrics.json); `--example-args "--length-penalty ALPHA"` overrides the
+AT's.
 
     python examples/transformer_translation.py --data ../shared/data/fra-eng.txt
     python examples/nat_translation.py --data ../shared/data/fra-eng.txt
@@ -143,6 +145,20 @@ def check_same_data(data, example_args, runs) -> None:
                              "its data flags with --example-args")
 
 
+def at_length_penalty(run: str, example_args) -> float:
+    """The length penalty the AT's beam ranks with: `--length-penalty` when `--example-args`
+    gives it, else the one the run ranked with (its metrics.json, when there is one)."""
+    from translation_common import DEFAULT_LENGTH_PENALTY, run_length_penalty
+
+    if "length_penalty" in example_args.given:
+        return example_args.length_penalty
+    path = os.path.join(run, "metrics.json")
+    if not os.path.exists(path):
+        return DEFAULT_LENGTH_PENALTY
+    with open(path) as f:
+        return run_length_penalty(json.load(f))
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     from example_utils import import_tensorflow_quietly
@@ -171,10 +187,12 @@ def main(argv=None) -> None:
     rows = {}
     if os.path.exists(os.path.join(args.at, "model.keras")):
         at = keras.models.load_model(os.path.join(args.at, "model.keras"))
+        length_penalty = at_length_penalty(args.at, example_args)
         for beam in (1, 4):
             path = os.path.join(exports, f"at_beam{beam}")
             export_translator(at, data.source_vectorizer, data.target_vectorizer, path,
-                              max_length=data.target_length, beam_size=beam, **options)
+                              max_length=data.target_length, beam_size=beam,
+                              length_penalty=length_penalty, **options)
             label = "AT greedy" if beam == 1 else f"AT beam {beam}"
             rows[label] = measure(served(path), sources, references, args.single, args.batches)
             print(label, rows[label], flush=True)

@@ -64,7 +64,7 @@ DEFAULTS = {
     # the two compare at the same size and training budget.
     "tatoeba": {"num_examples": None, "epochs": 4, "batch_size": 64, "learning_rate": 1e-3,
                 "out": "runs/nat_tatoeba", "num_layers": 2, "embed_dim": 128,
-                "num_heads": 4, "ffn_dim": 512, "dropout": 0.1, "max_length": 12,
+                "num_heads": 4, "ffn_dim": 512, "dropout": 0.0, "max_length": 12,
                 "min_freq": 2, "tokenizer": "sentencepiece", "vocab_size": 4000,
                 "iterations": 10, "length_beam": 3, "warmup_steps": 300,
                 "label_smoothing": 0.0, "precision": "mixed_bfloat16", "teacher_beam": 4},
@@ -102,6 +102,8 @@ USAGE = (
 # refused when given.
 UNSUPPORTED = {
     "beam_size": "--beam-size is not an option of the NAT example (it has --length-beam)",
+    "length_penalty": ("--length-penalty is not an option of the NAT example (its candidate "
+                       "lengths rank by mean log-probability)"),
     "strategy": "--strategy is not supported by the NAT example (it trains on one device)",
     "resume": "--resume is not supported by the NAT example",
     "interrupt_after": "--interrupt-after is not supported by the NAT example",
@@ -174,12 +176,13 @@ def distilled_pairs(data, args, teacher: dict) -> tuple[list, dict]:
     `teacher` is the teacher's metrics (`teacher_metrics`)."""
     import hashlib
 
-    from translation_common import translate
+    from translation_common import run_length_penalty, translate
 
     ours = data_options(args, data)
     sources = [source for source, _ in data.train]
+    length_penalty = run_length_penalty(teacher)  # the teacher ranks as its own run did
     cache = os.path.join(args.teacher, f"distilled_train_beam{args.teacher_beam}.json")
-    key = hashlib.sha1(json.dumps([ours, args.teacher_beam]).encode()).hexdigest()
+    key = hashlib.sha1(json.dumps([ours, args.teacher_beam, length_penalty]).encode()).hexdigest()
     found = None
     if os.path.exists(cache):
         with open(cache) as f:
@@ -188,11 +191,12 @@ def distilled_pairs(data, args, teacher: dict) -> tuple[list, dict]:
         translations, seconds, cached = found["translations"], found["seconds"], True
     else:
         print(f"the teacher ({args.teacher}) translates the {len(sources)} training sources "
-              f"with beam {args.teacher_beam} ...", flush=True)
+              f"with beam {args.teacher_beam} (length penalty {length_penalty:g}) ...",
+              flush=True)
         model = load_teacher(args)
         start = time.perf_counter()
         with float32_policy():
-            translations = translate(model, data, sources, args.teacher_beam)
+            translations = translate(model, data, sources, args.teacher_beam, length_penalty)
         seconds, cached = time.perf_counter() - start, False
         with open(cache, "w") as f:
             json.dump({"key": key, "seconds": seconds, "translations": translations}, f)
@@ -205,6 +209,7 @@ def distilled_pairs(data, args, teacher: dict) -> tuple[list, dict]:
                  f"has 1 to {data.target_length - 1} target tokens: the teacher in "
                  f"{args.teacher} has not learned to translate yet")
     info = {"teacher": args.teacher, "teacher_beam": args.teacher_beam,
+            "teacher_length_penalty": length_penalty,
             "teacher_seconds": seconds, "teacher_cached": cached,
             "teacher_train_seconds": teacher.get("train_seconds"),
             "teacher_test_bleu": teacher.get("bleu"),

@@ -7,9 +7,14 @@ combinations refused before anything runs.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from example_utils import check_run_dirs
+
+# The length penalty of keras_attn's beam search, and so of runs written before
+# `--length-penalty` existed (their metrics.json has no "length_penalty").
+DEFAULT_LENGTH_PENALTY = 0.6
 
 # `keras_attn.data.dates.describe_formats()`, kept here so that `--help` answers at once,
 # without importing TensorFlow (a test checks that the two agree).
@@ -150,6 +155,12 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
     parser.add_argument("--beam-size", type=int, default=None,
                         help="beam of the scores and the export; 1 = greedy decoding "
                              + _default_text(_with_key(defaults, "beam_size", 1), "beam_size"))
+    parser.add_argument("--length-penalty", type=float, default=None, metavar="ALPHA",
+                        help="GNMT length-penalty exponent of beam search and of the exported "
+                             "scores: hypotheses rank by log P / ((5 + length) / 6) ** ALPHA, "
+                             "so a larger ALPHA favours longer translations "
+                             + _default_text(_with_key(defaults, "length_penalty",
+                                                       DEFAULT_LENGTH_PENALTY), "length_penalty"))
     parser.add_argument("--average-checkpoints", type=int, default=None, metavar="K",
                         help="with --time-budget: the model kept is the mean of the weights at "
                              f"K evenly spaced moments of the last {100 * AVERAGE_FRACTION:.0f}%% "
@@ -198,8 +209,9 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
         if name in unsupported:
             parser.error(unsupported[name])
     task = "dates" if args.data is None and not args.download else "tatoeba"
-    for key, value in _with_key(_with_key(defaults, "beam_size", 1), "average_checkpoints",
-                                1)[task].items():
+    filled = _with_key(_with_key(_with_key(defaults, "beam_size", 1), "average_checkpoints", 1),
+                       "length_penalty", DEFAULT_LENGTH_PENALTY)
+    for key, value in filled[task].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     args.task = task
@@ -233,6 +245,9 @@ def _contradiction(args) -> str | None:
     for name in ("beam_size", "average_checkpoints"):
         if getattr(args, name) < 1:
             return f"{_flag(name)} must be at least 1. Received: {_flag(name)} {getattr(args, name)}"
+    if not (math.isfinite(args.length_penalty) and args.length_penalty >= 0):
+        return ("--length-penalty must be a finite number >= 0. "
+                f"Received: --length-penalty {args.length_penalty}")
     if "average_checkpoints" in args.given and args.time_budget is None:
         return ("--average-checkpoints applies to --time-budget runs (it averages the weights "
                 "of the budget's last moments)")

@@ -29,6 +29,7 @@ from translation_args import (  # noqa: F401
     AVERAGE_FRACTION,
     DATES_HELP,
     DECAY_FRACTION,
+    DEFAULT_LENGTH_PENALTY,
     TASK_NAMES,
     WARMUP_FRACTION,
     parse_args,
@@ -143,9 +144,17 @@ def raw_sources(args) -> dict[str, str]:
     return sources
 
 
-def translate(model, data, sources: list[str], beam_size: int) -> list[str]:
-    """Decode token-string sources in batches of 256 (greedy when `beam_size` is 1); returns
-    the translations as text (`TranslationData.decode`)."""
+def run_length_penalty(metrics: dict) -> float:
+    """The length penalty a run's beam ranked with, from its metrics.json (`metrics`); runs
+    written before `--length-penalty` ranked with `DEFAULT_LENGTH_PENALTY`."""
+    return metrics.get("length_penalty", DEFAULT_LENGTH_PENALTY)
+
+
+def translate(model, data, sources: list[str], beam_size: int,
+              length_penalty: float) -> list[str]:
+    """Decode token-string sources in batches of 256 (greedy when `beam_size` is 1, else beam
+    search ranking by `length_penalty`); returns the translations as text
+    (`TranslationData.decode`)."""
     from keras_attn import decoding
 
     strings = []
@@ -154,7 +163,8 @@ def translate(model, data, sources: list[str], beam_size: int) -> list[str]:
         if beam_size == 1:
             tokens = decoding.greedy_search(model, ids, data.target_length)
         else:
-            tokens = decoding.beam_search(model, ids, data.target_length, beam_size=beam_size)
+            tokens = decoding.beam_search(model, ids, data.target_length, beam_size=beam_size,
+                                          length_penalty=length_penalty)
         strings += data.decode(tokens)
     return strings
 
@@ -193,13 +203,15 @@ def score(model, data, args) -> tuple[dict, list]:
     validation split under "validation", if there is one), and `(source, prediction,
     reference)` for each test pair."""
     pairs = data.test[: args.max_test]
-    predictions = translate(model, data, [s for s, _ in pairs], args.beam_size)
+    predictions = translate(model, data, [s for s, _ in pairs], args.beam_size,
+                            args.length_penalty)
     references = [data.target_joiner.join(target.split()) for _, target in pairs]
     metrics = held_out_scores(data, pairs, predictions)
     if data.validation:  # what tuning reads (the test pairs stay for the final figure)
         sources = [s for s, _ in data.validation]
         metrics["validation"] = held_out_scores(
-            data, data.validation, translate(model, data, sources, args.beam_size))
+            data, data.validation,
+            translate(model, data, sources, args.beam_size, args.length_penalty))
     return metrics, list(zip([s for s, _ in pairs], predictions, references))
 
 
@@ -207,20 +219,21 @@ def validation_ablations(model, data, args, final_weights=None) -> dict:
     """Validation BLEU without this run's evaluation choices, for the record of what they
     bring: `"greedy"` (when `args.beam_size` > 1) and `"final_weights"` (the weights at the end
     of training instead of the checkpoint average, when `final_weights` are given; decoded
-    with `args.beam_size`). The model's weights are left as they came."""
+    with `args.beam_size` and `args.length_penalty`). The model's weights are left as they came."""
     if not data.validation:
         return {}
     sources = [s for s, _ in data.validation]
     found = {}
     if args.beam_size > 1:
-        found["greedy"] = held_out_scores(data, data.validation,
-                                          translate(model, data, sources, 1))["bleu"]
+        greedy = translate(model, data, sources, 1, args.length_penalty)  # (a beam's option)
+        found["greedy"] = held_out_scores(data, data.validation, greedy)["bleu"]
     if final_weights is not None:
         averaged = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]
         for weight, value in zip(model.trainable_weights, final_weights):
             weight.assign(value)
         found["final_weights"] = held_out_scores(
-            data, data.validation, translate(model, data, sources, args.beam_size))["bleu"]
+            data, data.validation,
+            translate(model, data, sources, args.beam_size, args.length_penalty))["bleu"]
         model.set_weights(averaged)
     return found
 
@@ -359,11 +372,12 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
         clear_export_dir(args.export_dir)
     export_translator(model, data.source_vectorizer, data.target_vectorizer, args.export_dir,
                       max_length=data.target_length, beam_size=args.beam_size,
-                      **data.text_options)
+                      length_penalty=args.length_penalty, **data.text_options)
     texts = served_inputs(data, raw_texts)
     in_python = make_translate_fn(model, data.source_vectorizer,
                                   data.target_vectorizer.get_vocabulary(), data.target_length,
-                                  args.beam_size, **data.text_options)(texts)
+                                  args.beam_size, args.length_penalty,
+                                  **data.text_options)(texts)
     matches = serve_and_compare(
         args.export_dir, texts, in_python, data,
         "score: length-normalised log-probability (0 = sure, lower = less sure, -inf = "
@@ -527,6 +541,7 @@ def run(name: str, args, build_model: Callable, defaults: dict | None = None) ->
                    data_options=data_options(args, data),
                    epochs_run=len(history.history.get("loss", [])),
                    model=name, precision=args.precision, strategy=args.strategy,
+                   beam_size=args.beam_size, length_penalty=args.length_penalty,
                    model_options={key: getattr(args, key) for key in args.model_options},
                    num_params=int(model.count_params()),
                    final_loss=float(history.history["loss"][-1]) if history.history else None)

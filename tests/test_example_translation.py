@@ -75,6 +75,8 @@ def test_help_shows_every_default_the_model_flags_and_the_date_formats():
                      ("(default: runs/transformer for the built-in dates, "
                       "runs/transformer_tatoeba for --data/--download)"),
                      "SavedModel directory (default: OUT/saved_model)",
+                     ("--length-penalty ALPHA GNMT length-penalty exponent of beam search"),
+                     "(default: 0.6 for the built-in dates, 1.2 for --data/--download)",
                      "--num-layers NUM_LAYERS", "--embed-dim EMBED_DIM",
                      "--num-heads NUM_HEADS", "--ffn-dim FFN_DIM", "--overwrite",
                      "examples: python examples/transformer_translation.py --out runs/transformer",
@@ -192,6 +194,7 @@ def test_subword_teacher_and_distilled_nat_on_pairs(tmp_path):
     assert metrics["source_unknown_rate"] == 0.0 and metrics["bleu_tokens"] == "words"
     # --data decodes with a beam of 4 by default; greedy's validation BLEU is recorded beside
     assert set(metrics["validation_bleu_without"]) == {"greedy"}
+    assert metrics["beam_size"] == 4 and metrics["length_penalty"] == 1.2
     assert 0.0 <= metrics["validation_bleu_without"]["greedy"] <= 100.0
     assert (teacher / "vocabulary" / "target.model").stat().st_size > 100
     vocabulary = (teacher / "vocabulary" / "target.txt").read_text(encoding="utf-8").split("\n")
@@ -214,6 +217,7 @@ def test_subword_teacher_and_distilled_nat_on_pairs(tmp_path):
                               out=tmp_path / "student")
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["teacher"] == str(teacher) and metrics["teacher_beam"] == 2
+    assert metrics["teacher_length_penalty"] == 1.2  # the teacher ranks as its run did
     assert metrics["teacher_seconds"] > 0 and metrics["teacher_cached"] is False
     assert metrics["distilled_pairs"] + metrics["teacher_outputs_dropped"] == len(
         json.loads((teacher / "distilled_train_beam2.json").read_text())["translations"])
@@ -276,7 +280,7 @@ def test_nat_help_lists_only_what_it_runs_and_refuses_the_rest(tmp_path):
                      "a quick check that everything runs: most translations come out wrong"):
         assert expected in text, expected
     refused = (["--beam-size", "4"], ["--label-smoothing", "0.1"], ["--strategy", "mirrored"],
-               ["--resume"])
+               ["--resume"], ["--length-penalty", "1.0"])
     for flag in refused:
         assert flag[0] + " " not in text  # not offered ...
         result, out = run_example("nat_translation.py", tmp_path, *flag, check=False)
@@ -313,6 +317,85 @@ def test_options_that_cannot_run_are_refused_by_name(script, args, message, tmp_
     result, out = run_example(script, tmp_path, *args, check=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr[-800:]
     assert "warmup" not in result.stderr.split("error:")[1] and not out.exists()
+
+
+@pytest.mark.parametrize("value", ["-0.5", "nan", "inf"])
+def test_a_negative_or_non_finite_length_penalty_is_refused_by_name(value, tmp_path):
+    result, out = run_example("transformer_translation.py", tmp_path, "--length-penalty", value,
+                              check=False)
+    assert result.returncode == 2, result.stderr[-800:]
+    assert ("--length-penalty must be a finite number >= 0. "
+            f"Received: --length-penalty {value}") in result.stderr and not out.exists()
+
+
+def examples_module(name: str, directory=EXAMPLES):
+    """Imports `name` from the examples (or `directory`) as the scripts see their siblings."""
+    import importlib
+
+    sys.path.insert(0, str(EXAMPLES))
+    sys.path.insert(0, str(directory))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(directory))
+        sys.path.remove(str(EXAMPLES))
+
+
+def test_the_length_penalty_reaches_every_beam_that_scores(monkeypatch):
+    """`score` ranks the test and validation beams with `args.length_penalty`."""
+    import argparse
+
+    import numpy as np
+
+    from keras_attn import decoding
+
+    common = examples_module("translation_common")
+    seen = []
+
+    def beam_search(model, ids, max_length, beam_size, length_penalty):
+        seen.append((beam_size, length_penalty))
+        return np.zeros((len(ids), max_length), "int32")
+
+    class Data:  # what `score` reads of a TranslationData
+        test, validation = [("a b", "x y"), ("c", "z")], [("d", "w")]
+        target_joiner, target_length = " ", 4
+
+        def encode_source(self, sources, standardize):
+            return np.ones((len(sources), 3), "int32")
+
+        def decode(self, tokens):
+            return ["x y"] * len(tokens)
+
+        def unknown_rate(self, sources):
+            return 0.0
+
+    monkeypatch.setattr(decoding, "beam_search", beam_search)
+    args = argparse.Namespace(max_test=2, beam_size=3, length_penalty=1.7)
+    metrics, rows = common.score(None, Data(), args)
+    assert seen == [(3, 1.7), (3, 1.7)]  # the test pairs, then the validation split
+    assert metrics["exact_match"] == 0.5 and rows[0] == ("a b", "x y", "x y")
+
+
+def test_serving_ranks_the_at_beam_as_its_run_did(tmp_path):
+    """benchmarks/serve_translate.py: `--length-penalty` in --example-args wins, else the
+    run's metrics.json, else (runs from before the option, or no metrics) the old 0.6."""
+    serve = examples_module("serve_translate", ROOT / "benchmarks")
+    common = examples_module("translation_common")
+    from transformer_translation import DEFAULTS, MODEL_FLAGS
+
+    def example_args(*flags):
+        return common.parse_args("serve", DEFAULTS, ["--data", "pairs.txt",
+                                                     "--out", str(tmp_path / "x"), *flags],
+                                 MODEL_FLAGS)
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert serve.at_length_penalty(str(run), example_args()) == 0.6  # no metrics.json
+    (run / "metrics.json").write_text(json.dumps({"bleu": 1.0}))
+    assert serve.at_length_penalty(str(run), example_args()) == 0.6
+    (run / "metrics.json").write_text(json.dumps({"length_penalty": 1.5}))
+    assert serve.at_length_penalty(str(run), example_args()) == 1.5
+    assert serve.at_length_penalty(str(run), example_args("--length-penalty", "0.9")) == 0.9
 
 
 def budget_callback_with_a_clock(monkeypatch, start: float):
