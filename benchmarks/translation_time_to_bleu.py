@@ -191,7 +191,8 @@ def run_keras_attn(example_argv, budgets, split, out):
     data_seconds = time.perf_counter() - start
     print(f"  pairs read and vocabularies learned in {data_seconds:.1f} s ({args.tokenizer}; "
           f"{data.source_vocab_size} -> {data.target_vocab_size} ids)", flush=True)
-    score = scorer(data, split, lambda model, sources: translate(model, data, sources, 1))
+    score = scorer(data, split,
+                   lambda model, sources: translate(model, data, sources, 1, args.length_penalty))
     results = []
     for budget in sorted(budgets):
         args.time_budget = budget
