@@ -225,7 +225,7 @@ def validation_ablations(model, data, args, final_weights=None) -> dict:
     sources = [s for s, _ in data.validation]
     found = {}
     if args.beam_size > 1:
-        greedy = translate(model, data, sources, 1, args.length_penalty)  # (a beam's option)
+        greedy = translate(model, data, sources, 1, args.length_penalty)  # (unused by greedy)
         found["greedy"] = held_out_scores(data, data.validation, greedy)["bleu"]
     if final_weights is not None:
         averaged = [w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()]

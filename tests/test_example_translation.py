@@ -41,6 +41,19 @@ def run_example(script, tmp_path, *args, check=True, out=None):
     return result, out
 
 
+def examples_module(name: str, directory=EXAMPLES):
+    """Imports `name` from the examples (or `directory`) as the scripts see their siblings."""
+    import importlib
+
+    sys.path.insert(0, str(EXAMPLES))
+    sys.path.insert(0, str(directory))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(directory))
+        sys.path.remove(str(EXAMPLES))
+
+
 def check_outputs(out, export=None):
     export = export or out / "saved_model"
     metrics = json.loads((out / "metrics.json").read_text())
@@ -91,11 +104,7 @@ def test_help_shows_every_default_the_model_flags_and_the_date_formats():
 
 
 def test_help_lists_the_formats_of_the_dates_module():
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import translation_common
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    translation_common = examples_module("translation_common")
     from keras_attn.data.dates import FORMATS, describe_formats
 
     assert translation_common.DATES_HELP == describe_formats()
@@ -328,19 +337,6 @@ def test_a_negative_or_non_finite_length_penalty_is_refused_by_name(value, tmp_p
             f"Received: --length-penalty {value}") in result.stderr and not out.exists()
 
 
-def examples_module(name: str, directory=EXAMPLES):
-    """Imports `name` from the examples (or `directory`) as the scripts see their siblings."""
-    import importlib
-
-    sys.path.insert(0, str(EXAMPLES))
-    sys.path.insert(0, str(directory))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(directory))
-        sys.path.remove(str(EXAMPLES))
-
-
 def test_the_length_penalty_reaches_every_beam_that_scores(monkeypatch):
     """`score` ranks the test and validation beams with `args.length_penalty`."""
     import argparse
@@ -381,12 +377,12 @@ def test_serving_ranks_the_at_beam_as_its_run_did(tmp_path):
     run's metrics.json, else (runs from before the option, or no metrics) the old 0.6."""
     serve = examples_module("serve_translate", ROOT / "benchmarks")
     common = examples_module("translation_common")
-    from transformer_translation import DEFAULTS, MODEL_FLAGS
+    at = examples_module("transformer_translation")
 
     def example_args(*flags):
-        return common.parse_args("serve", DEFAULTS, ["--data", "pairs.txt",
-                                                     "--out", str(tmp_path / "x"), *flags],
-                                 MODEL_FLAGS)
+        return common.parse_args("serve", at.DEFAULTS, ["--data", "pairs.txt",
+                                                        "--out", str(tmp_path / "x"), *flags],
+                                 at.MODEL_FLAGS)
 
     run = tmp_path / "run"
     run.mkdir()
@@ -403,11 +399,7 @@ def budget_callback_with_a_clock(monkeypatch, start: float):
     reads (a test moves it)."""
     import time
 
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        from example_utils import time_budget_callback
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    time_budget_callback = examples_module("example_utils").time_budget_callback
     clock = [start]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     return time_budget_callback, clock
@@ -496,13 +488,7 @@ def budget_rates(monkeypatch, args, step_seconds: dict) -> tuple[list, dict]:
     """The learning rates `translation_common.fit_plan(args)`'s callback sets for each step of
     a run whose step i takes `step_seconds.get(i, 1.0)` seconds, and its summary."""
     _, clock = budget_callback_with_a_clock(monkeypatch, 0.0)
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        from translation_common import fit_plan
-    finally:
-        sys.path.remove(str(EXAMPLES))
-
-    _, (callback,) = fit_plan(args)
+    _, (callback,) = examples_module("translation_common").fit_plan(args)
     rates = drive_budget_callback(callback, clock, step_seconds)
     return rates, callback.summary()
 
