@@ -12,7 +12,10 @@ timed with it, as the SavedModels' are inside their graphs.
 
 For each: corpus BLEU (0-100, words) and exact match on the held-out split, and sentences/s
 at batch 1 (`--single` sentences one by one) and at batch 256 (`--batches` batches, fewer
-sentences when the split is smaller), after a warm-up call of each size. The AT's beam ranks
+sentences when the split is smaller), after a warm-up call of each size, with the ratio to AT
+greedy. The speeds are measured side by side (`side_by_side_speed`): each sentence and each
+batch is served by every translator in turn, so that the ratios hold on a shared machine
+whose speed moves during the run. The AT's beam ranks
 with the length penalty its run used and the NAT decodes with the length beam its run used
 (both from the run's metrics.json); `--example-args "--length-penalty ALPHA"` overrides the
 AT's.
@@ -50,42 +53,58 @@ def parse_args(argv=None):
     parser.add_argument("--keras-hub", default="runs/time_to_bleu/keras_hub_recipe.keras",
                         help="the keras-hub recipe model written by translation_time_to_bleu.py")
     parser.add_argument("--split", choices=("validation", "test"), default="test")
-    parser.add_argument("--single", type=int, default=64, help="sentences served one by one")
+    parser.add_argument("--single", type=int, default=256,
+                        help="sentences served one by one (default: %(default)s)")
     parser.add_argument("--batches", type=int, default=4, help="batches of 256 served")
     parser.add_argument("--example-args", default="",
                         help="data flags the runs were made with, e.g. \"--num-examples 3000\" "
                              "(the AT and NAT runs must share them; the keras-hub row always "
                              "uses word vocabularies)")
     parser.add_argument("--out", default="runs/serve_translate")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for flag in ("single", "batches"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1. Received: --{flag} {getattr(args, flag)}")
+    return args
 
 
-def measure(translate_batch, sources, references, single: int, batches: int) -> dict:
-    """Quality over `sources` and sentences/s at batch 1 and 256 of `translate_batch`, a
-    function from a list of source strings to a list of translations."""
+def quality(translate_batch, sources, references) -> dict:
+    """Corpus BLEU (0-100, words) and exact match of `translate_batch`, a function from a list
+    of source strings to a list of translations, over `sources` in batches of 256."""
     from keras_attn.metrics import corpus_bleu, exact_match
 
     predictions = []
     for start in range(0, len(sources), 256):
         predictions += translate_batch(sources[start:start + 256])
-    result = {
-        "bleu": 100 * corpus_bleu([p.split() for p in predictions],
-                                  [r.split() for r in references]),
-        "exact_match": exact_match(predictions, references),
-    }
-    singles = sources[:single]
-    translate_batch(singles[:1])
-    start = time.perf_counter()
-    for source in singles:
-        translate_batch([source])
-    result["per_s_batch_1"] = len(singles) / (time.perf_counter() - start)
+    return {"bleu": 100 * corpus_bleu([p.split() for p in predictions],
+                                      [r.split() for r in references]),
+            "exact_match": exact_match(predictions, references)}
+
+
+def side_by_side_speed(translators: dict, sources, single: int, batches: int) -> dict:
+    """Sentences/s at batch 1 (the first `single` sources one by one) and at batch 256
+    (`batches` batches) of every `translators[label]` (a `translate_batch`), measured side
+    by side: every sentence, and every batch, is served by each translator in turn, the order
+    reversed from one to the next, so that a slow or fast moment of a shared machine falls on
+    all of them alike (timed one after the other, the two-round NAT served 1.35x AT greedy's
+    sentences/s one day and 0.59x the next). One warm-up call of each size first. Returns
+    `{label: {"per_s_batch_1", "per_s_batch_256"}}`."""
+    labels = list(translators)
+    singles = [[source] for source in sources[:single]]
     chunks = [chunk for chunk in (sources[i * 256:(i + 1) * 256] for i in range(batches))
               if chunk]
-    translate_batch(chunks[0])
-    start = time.perf_counter()
-    for chunk in chunks:
-        translate_batch(chunk)
-    result["per_s_batch_256"] = sum(map(len, chunks)) / (time.perf_counter() - start)
+    result = {label: {} for label in labels}
+    for key, calls in (("per_s_batch_1", singles), ("per_s_batch_256", chunks)):
+        seconds = dict.fromkeys(labels, 0.0)
+        for label in labels:
+            translators[label](calls[0])
+        for index, texts in enumerate(calls):
+            for label in (labels if index % 2 == 0 else labels[::-1]):
+                start = time.perf_counter()
+                translators[label](texts)
+                seconds[label] += time.perf_counter() - start
+        for label in labels:
+            result[label][key] = sum(map(len, calls)) / seconds[label]
     return result
 
 
@@ -184,7 +203,7 @@ def main(argv=None) -> None:
     references = [target for _, target in pairs]
     assert all(preprocess(s) == s for s in sources[:100]), "sources must be standardized"
     options = data.text_options
-    rows = {}
+    rows, translators = {}, {}
     if os.path.exists(os.path.join(args.at, "model.keras")):
         at = keras.models.load_model(os.path.join(args.at, "model.keras"))
         length_penalty = at_length_penalty(args.at, example_args)
@@ -194,7 +213,8 @@ def main(argv=None) -> None:
                               max_length=data.target_length, beam_size=beam,
                               length_penalty=length_penalty, **options)
             label = "AT greedy" if beam == 1 else f"AT beam {beam}"
-            rows[label] = measure(served(path), sources, references, args.single, args.batches)
+            translators[label] = served(path)
+            rows[label] = quality(translators[label], sources, references)
             print(label, rows[label], flush=True)
     else:
         print(f"no {args.at}/model.keras: AT rows skipped")
@@ -208,7 +228,8 @@ def main(argv=None) -> None:
                                   iterations=iterations, length_beam=length_beam, **options)
             label = (f"NAT, {iterations} iteration{'s' if iterations > 1 else ''}, "
                      f"length beam {length_beam}")
-            rows[label] = measure(served(path), sources, references, args.single, args.batches)
+            translators[label] = served(path)
+            rows[label] = quality(translators[label], sources, references)
             print(label, rows[label], flush=True)
     else:
         print(f"no {args.nat}/model.keras: NAT rows skipped")
@@ -221,17 +242,32 @@ def main(argv=None) -> None:
                                 *shlex.split(args.example_args)], MODEL_FLAGS)
         words = load_data(word_args) if example_args.tokenizer != "word" else data
         label = "keras-hub recipe, GreedySampler (not exported)"
-        rows[label] = measure(keras_hub_translate(hub, words), sources, references,
-                              args.single, args.batches)
+        translators[label] = keras_hub_translate(hub, words)
+        rows[label] = quality(translators[label], sources, references)
         print(label, rows[label], flush=True)
     else:
         print(f"no {args.keras_hub}: keras-hub row skipped")
+    if not translators:
+        raise SystemExit("nothing to serve: pass --at, --nat or --keras-hub runs that exist")
+    print(f"speed, side by side: {min(args.single, len(sources))} sentences one by one, "
+          f"{args.batches} batches of 256, each served by every translator in turn", flush=True)
+    for label, speed in side_by_side_speed(translators, sources, args.single,
+                                           args.batches).items():
+        rows[label].update(speed)
+    greedy = rows.get("AT greedy")
+    for r in rows.values():  # the ratios the side-by-side timing is there for
+        for key in ("per_s_batch_1", "per_s_batch_256"):
+            r[key + "_vs_at_greedy"] = r[key] / greedy[key] if greedy else None
     print(f"\n| translator | BLEU ({args.split}) | exact match | sentences/s, batch 1 | "
-          "sentences/s, batch 256 |")
-    print("|---|---|---|---|---|")
+          "x AT greedy | sentences/s, batch 256 | x AT greedy |")
+    print("|---|---|---|---|---|---|---|")
     for label, r in rows.items():
+        ratios = [("-" if r[key + "_vs_at_greedy"] is None
+                   else f"{r[key + '_vs_at_greedy']:.2f}")
+                  for key in ("per_s_batch_1", "per_s_batch_256")]
         print(f"| {label} | {r['bleu']:.2f} | {100 * r['exact_match']:.1f}% | "
-              f"{r['per_s_batch_1']:.1f} | {r['per_s_batch_256']:.0f} |")
+              f"{r['per_s_batch_1']:.1f} | {ratios[0]} | {r['per_s_batch_256']:.0f} | "
+              f"{ratios[1]} |")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "serve_translate.json"), "w") as f:
         json.dump({"split": args.split, "num_pairs": len(pairs), "rows": rows}, f, indent=2)

@@ -26,8 +26,9 @@ DEFAULTS = {
               "precision": "float32"},
     # Tuned for quality per second of training on 2 CPU cores (benchmarks/RESULTS.md,
     # "Translation"): a narrow model with a wide FFN learns fastest in a 10-minute budget;
-    # at 700 s label smoothing regularises better than dropout.
-    "tatoeba": {"num_examples": None, "epochs": 4, "batch_size": 64, "learning_rate": 1e-3,
+    # at 700 s label smoothing regularises better than dropout, and batch 32 (1.7x the
+    # updates of batch 64, 15% fewer sentences) learns more.
+    "tatoeba": {"num_examples": None, "epochs": 4, "batch_size": 32, "learning_rate": 1e-3,
                 "out": "runs/transformer_tatoeba", "num_layers": 2, "embed_dim": 128,
                 "num_heads": 4, "ffn_dim": 512, "dropout": 0.0, "max_length": 12,
                 "min_freq": 2, "tokenizer": "sentencepiece", "vocab_size": 4000,

@@ -81,7 +81,7 @@ def test_help_shows_every_default_the_model_flags_and_the_date_formats():
     text = help_text("transformer_translation.py")
     for expected in (("--epochs EPOCHS training epochs (default: 14 for the built-in dates, "
                       "4 for --data/--download)"),
-                     "(default: 128 for the built-in dates, 64 for --data/--download)",
+                     "(default: 128 for the built-in dates, 32 for --data/--download)",
                      "(default: 0.002 for the built-in dates, 0.001 for --data/--download)",
                      ("Keras dtype policy of training (default: float32 for the built-in "
                       "dates, mixed_bfloat16 for --data/--download)"),
@@ -392,6 +392,39 @@ def test_serving_ranks_the_at_beam_as_its_run_did(tmp_path):
     (run / "metrics.json").write_text(json.dumps({"length_penalty": 1.5}))
     assert serve.at_length_penalty(str(run), example_args()) == 1.5
     assert serve.at_length_penalty(str(run), example_args("--length-penalty", "0.9")) == 0.9
+
+
+def test_serving_speed_is_measured_side_by_side(monkeypatch):
+    """benchmarks/serve_translate.py: every sentence (and every batch of 256) goes to each
+    translator in turn, the order reversed each time, so a machine that slows down halfway
+    slows all of them alike and the ratios stay those of the translators' own costs."""
+    serve = examples_module("serve_translate", ROOT / "benchmarks")
+    clock = [0.0]
+    monkeypatch.setattr(serve.time, "perf_counter", lambda: clock[0])
+    calls = []
+
+    def translator(name: str, cost: float):
+        def translate_batch(texts):
+            calls.append((name, len(texts)))
+            # The machine runs at a third of its speed once 40 calls have been made.
+            clock[0] += cost * len(texts) * (3.0 if len(calls) > 40 else 1.0)
+            return texts
+        return translate_batch
+
+    sources = [f"s{i}" for i in range(600)]
+    speeds = serve.side_by_side_speed({"a": translator("a", 1.0), "b": translator("b", 2.0)},
+                                      sources, single=30, batches=2)
+    singles = [name for name, size in calls if size == 1]
+    # A warm-up call each, then pairs in alternating order: a b, b a, a b, ...
+    assert singles[:2] == ["a", "b"] and singles[2:6] == ["a", "b", "b", "a"]
+    assert [size for _, size in calls].count(1) == 2 + 2 * 30
+    assert [size for _, size in calls if size > 1] == [256] * 6  # warm-ups, then 2 batches each
+    ratio_1 = speeds["a"]["per_s_batch_1"] / speeds["b"]["per_s_batch_1"]
+    ratio_256 = speeds["a"]["per_s_batch_256"] / speeds["b"]["per_s_batch_256"]
+    # Timed one after the other, b would have run all of its sentences in the slow part.
+    assert ratio_1 == pytest.approx(2.0, rel=0.1) and ratio_256 == pytest.approx(2.0, rel=0.1)
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--single", "0"])
 
 
 def budget_callback_with_a_clock(monkeypatch, start: float):
