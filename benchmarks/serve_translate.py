@@ -250,7 +250,8 @@ def main(argv=None) -> None:
     if not translators:
         raise SystemExit("nothing to serve: pass --at, --nat or --keras-hub runs that exist")
     print(f"speed, side by side: {min(args.single, len(sources))} sentences one by one, "
-          f"{args.batches} batches of 256, each served by every translator in turn", flush=True)
+          f"{min(args.batches, -(-len(sources) // 256))} batches of up to 256, each served by "
+          "every translator in turn", flush=True)
     for label, speed in side_by_side_speed(translators, sources, args.single,
                                            args.batches).items():
         rows[label].update(speed)

@@ -62,7 +62,7 @@ DEFAULTS = {
               "teacher_beam": 4},
     # The autoregressive example's tuned settings (examples/transformer_translation.py), so
     # the two compare at the same size and training budget, but for the batch: 32 lost 0.5
-    # BLEU at 10 rounds against 64 here (benchmarks/RESULTS.md).
+    # BLEU at 10 rounds against 64 here (one run each, benchmarks/RESULTS.md).
     "tatoeba": {"num_examples": None, "epochs": 4, "batch_size": 64, "learning_rate": 1e-3,
                 "out": "runs/nat_tatoeba", "num_layers": 2, "embed_dim": 128,
                 "num_heads": 4, "ffn_dim": 512, "dropout": 0.0, "max_length": 12,

@@ -394,7 +394,7 @@ def test_serving_ranks_the_at_beam_as_its_run_did(tmp_path):
     assert serve.at_length_penalty(str(run), example_args("--length-penalty", "0.9")) == 0.9
 
 
-def test_serving_speed_is_measured_side_by_side(monkeypatch):
+def test_serving_speed_is_measured_side_by_side(monkeypatch, capsys):
     """benchmarks/serve_translate.py: every sentence (and every batch of 256) goes to each
     translator in turn, the order reversed each time, so a machine that slows down halfway
     slows all of them alike and the ratios stay those of the translators' own costs."""
@@ -421,10 +421,11 @@ def test_serving_speed_is_measured_side_by_side(monkeypatch):
     assert [size for _, size in calls if size > 1] == [256] * 6  # warm-ups, then 2 batches each
     ratio_1 = speeds["a"]["per_s_batch_1"] / speeds["b"]["per_s_batch_1"]
     ratio_256 = speeds["a"]["per_s_batch_256"] / speeds["b"]["per_s_batch_256"]
-    # Timed one after the other, b would have run all of its sentences in the slow part.
+    # Timed one after the other, b would have run 22 of its 30 sentences in the slow part.
     assert ratio_1 == pytest.approx(2.0, rel=0.1) and ratio_256 == pytest.approx(2.0, rel=0.1)
     with pytest.raises(SystemExit):
         serve.parse_args(["--single", "0"])
+    assert "--single must be at least 1. Received: --single 0" in capsys.readouterr().err
 
 
 def budget_callback_with_a_clock(monkeypatch, start: float):
