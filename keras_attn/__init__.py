@@ -5,7 +5,7 @@ dtype, memory-efficient exact attention, and translators exported with decoding 
 SavedModel.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 from keras_attn import decoding, layers, metrics, models, ops  # noqa: F401
 from keras_attn.layers import *

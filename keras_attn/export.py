@@ -364,7 +364,7 @@ def export_nat_translator(
         standardize, joiner, length_beam, word_start,
     )
     source_length = source_vectorizer.get_config()["output_sequence_length"]
-    target_length = int(model.get_layer("length_predictor").max_length)
+    target_length = int(model.get_layer("length_predictor").max_target_length)
 
     def serve(source_ids, masked_target_ids):
         token_logits, length_logits = model([source_ids, masked_target_ids], training=False)

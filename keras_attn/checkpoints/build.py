@@ -7,14 +7,11 @@ What the spec says and where it goes:
 
 | spec | keras_attn |
 |---|---|
-| `norm`, `norm_eps`, `norm_first` | `norm`, `epsilon`, `norm_first` of the stack |
-| `head_dim`, `num_kv_heads` | `head_dim`, `num_key_value_heads` |
-| `{query,key,value,output}_bias`, `ffn_bias` | `use_bias` = the names of the parts with a bias |
-| `activation`, `gated_ffn` | `activation`, `gated_ffn` |
-| `position="rope"` | a `FrequencyRotaryEmbedding` with `spec.rope_inverse_frequencies()` |
-| `position="learned"` | `position_encoding="learned"`, `max_length=max_positions` |
-| `sliding_window` | `sliding_window` (the same meaning) |
-| `tie_word_embeddings` | `tie_embeddings` (the head projects with the token table) |
+| `num_heads`, `num_kv_heads`, `head_dim`, `{query,key,value,output}_bias`, `sliding_window` | the blocks' `AttentionConfig` (`attention_config`) |
+| `position="rope"` | a `FrequencyRotaryEmbedding` with `spec.rope_inverse_frequencies()`, the configuration's `position_encoding` |
+| `position="learned"` | the stack's `position_embedding="learned"`, `max_sequence_length=max_positions` |
+| `intermediate_size`, `activation`, `gated_ffn`, `ffn_bias`, `norm`, `norm_eps`, `norm_first`, `dropout` | the stack's `BlockConfig` (`block_config`; a gated activation by its name, `"swiglu"`) |
+| `tie_word_embeddings` | `tie_word_embeddings` (the head projects with the token table) |
 | BERT's segments, embedding norm, MLM head, pooler | `TokenEmbedding(num_segments, norm)`, `OutputHead(transform_activation)`, a `Dense` (tanh) on the first position |
 
 Padding is never a token id here (`pad_id=None`: Llama's id 0 is a real token): the models
@@ -29,61 +26,74 @@ import numpy as np
 from keras_attn._checks import check_one_of
 from keras_attn.checkpoints.canonical import check_canonical
 from keras_attn.checkpoints.spec import ArchitectureSpec
+from keras_attn.layers.activations import gated_name
+from keras_attn.layers.config import AttentionConfig, BlockConfig
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.rotary_frequencies import FrequencyRotaryEmbedding
 from keras_attn.models.decoder_only import TransformerDecoderOnly
 from keras_attn.models.transformer import TransformerEncoder
 
 DTYPES = ("float32", "bfloat16", "float16")
-IMPLEMENTATIONS = ("dense", "chunked", "local")
+# The attention options a user chooses for a checkpoint (the rest is the checkpoint's).
+KERNEL_OPTIONS = ("implementation", "chunk_size", "flash_attention")
 
 
-def _use_bias(spec: ArchitectureSpec):
-    names = tuple(name for name in ("query", "key", "value", "output")
-                  if getattr(spec, f"{name}_bias"))
-    names += ("ffn",) if spec.ffn_bias else ()
-    return names if names else False
-
-
-def _decoder(spec: ArchitectureSpec, dtype: str, implementation: str, max_length):
-    position = "learned"
+def attention_config(spec: ArchitectureSpec, **kernel) -> AttentionConfig:
+    """The `AttentionConfig` of `spec`'s self-attention, with the `kernel` options a user
+    chose (`implementation`, `chunk_size`, `flash_attention`)."""
+    use_bias = tuple(name for name in ("query", "key", "value", "output")
+                     if getattr(spec, f"{name}_bias"))
+    position = None
     if spec.position == "rope":
         position = FrequencyRotaryEmbedding(
             [float(f) for f in spec.rope_inverse_frequencies()], name="rotary_embedding")
+    return AttentionConfig(
+        num_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim, use_bias=use_bias or False, position_encoding=position,
+        sliding_window=spec.sliding_window, **kernel)
+
+
+def block_config(spec: ArchitectureSpec, **kernel) -> BlockConfig:
+    """The `BlockConfig` of `spec`'s blocks (`attention_config` for the attention)."""
+    activation = _activation(spec.activation)
+    if spec.gated_ffn:
+        activation = gated_name(spec.activation)
+    return BlockConfig(
+        attention=attention_config(spec, **kernel), intermediate_dim=spec.intermediate_size,
+        activation=activation, use_bias=spec.ffn_bias, normalize_first=spec.norm_first,
+        norm=spec.norm, layer_norm_epsilon=spec.norm_eps, dropout=spec.dropout)
+
+
+def _decoder(spec: ArchitectureSpec, dtype: str, kernel: dict, max_sequence_length):
     if spec.position == "learned":
-        if max_length is not None and max_length > spec.max_positions:
+        if max_sequence_length is not None and max_sequence_length > spec.max_positions:
             raise ValueError(
-                f"Argument `max_length` must be at most the checkpoint's {spec.max_positions} "
-                f"learned positions. Received: max_length={max_length}")
-        max_length = spec.max_positions
+                "Argument `max_sequence_length` must be at most the checkpoint's "
+                f"{spec.max_positions} learned positions. Received: "
+                f"max_sequence_length={max_sequence_length}")
+        max_sequence_length = spec.max_positions
     return TransformerDecoderOnly(
-        spec.vocab_size, spec.num_layers, spec.hidden_size, spec.num_heads,
-        spec.intermediate_size, dropout=spec.dropout, position_encoding=position,
-        max_length=max_length, num_key_value_heads=spec.num_kv_heads, norm=spec.norm,
-        activation=spec.activation, norm_first=spec.norm_first,
-        tie_embeddings=spec.tie_word_embeddings, head_dim=spec.head_dim,
-        use_bias=_use_bias(spec), gated_ffn=spec.gated_ffn, epsilon=spec.norm_eps,
-        implementation=implementation, sliding_window=spec.sliding_window, pad_id=None,
-        name="decoder", dtype=dtype)
+        spec.vocab_size, spec.num_layers, spec.hidden_size, block_config(spec, **kernel),
+        position_embedding="learned" if spec.position == "learned" else None,
+        max_sequence_length=max_sequence_length,
+        tie_word_embeddings=spec.tie_word_embeddings, pad_id=None, name="decoder",
+        dtype=dtype)
 
 
-def _encoder(spec: ArchitectureSpec, dtype: str, implementation: str):
+def _encoder(spec: ArchitectureSpec, dtype: str, kernel: dict):
     embedding = TokenEmbedding(
         spec.vocab_size, spec.hidden_size, position="learned",
-        sequence_length=spec.max_positions, num_segments=spec.type_vocab_size or None,
-        norm=spec.norm if spec.embedding_norm else None, epsilon=spec.norm_eps,
+        max_sequence_length=spec.max_positions, num_segments=spec.type_vocab_size or None,
+        norm=spec.norm if spec.embedding_norm else None, layer_norm_epsilon=spec.norm_eps,
         dropout=spec.embedding_dropout, name="embedding", dtype=dtype)
     head = None
     if spec.task == "masked_lm":
-        head = OutputHead(spec.vocab_size, tie_embeddings=spec.tie_word_embeddings,
+        head = OutputHead(spec.vocab_size, tie_word_embeddings=spec.tie_word_embeddings,
                           use_bias=True, transform_activation=_activation(spec.head_activation),
-                          epsilon=spec.head_norm_eps, name="head", dtype=dtype)
+                          layer_norm_epsilon=spec.head_norm_eps, name="head", dtype=dtype)
     return TransformerEncoder(
-        spec.vocab_size, spec.num_layers, spec.hidden_size, spec.num_heads,
-        spec.intermediate_size, dropout=spec.dropout, norm_first=spec.norm_first,
-        activation=_activation(spec.activation), epsilon=spec.norm_eps,
-        implementation=implementation, sliding_window=spec.sliding_window, pad_id=None,
-        embedding=embedding, head=head, name="encoder", dtype=dtype)
+        spec.vocab_size, spec.num_layers, spec.hidden_size, block_config(spec, **kernel),
+        pad_id=None, embedding=embedding, head=head, name="encoder", dtype=dtype)
 
 
 def _activation(name: str):
@@ -236,8 +246,8 @@ def set_weights(model: keras.Model, spec: ArchitectureSpec,
 
 
 def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = None,
-                dtype: str | None = None, implementation: str = "dense",
-                max_length: int | None = None) -> keras.Model:
+                dtype: str | None = None, max_sequence_length: int | None = None,
+                **kernel) -> keras.Model:
     """The keras_attn model of a pretrained architecture, with its weights.
 
     Causal language models (Llama, Mistral, Qwen2, GPT-2) are a `TransformerDecoderOnly`
@@ -261,10 +271,11 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
             initialization. Defaults to `None`.
         dtype: optional `"float32"`, `"bfloat16"` or `"float16"`, the model's dtype (variables
             and computation; logits are float32). Defaults to `spec.dtype` (the weights').
-        implementation: the attention kernel, `"dense"`, `"chunked"` or `"local"` (needs a
-            `sliding_window`). Defaults to `"dense"`.
-        max_length: optional int, the longest decoding cache (learned positions: at most
-            `spec.max_positions`, which is the default there). Defaults to `None`.
+        max_sequence_length: optional int, the longest decoding cache (learned positions: at
+            most `spec.max_positions`, which is the default there). Defaults to `None`.
+        **kernel: the attention kernel, `AttentionConfig`'s `implementation` (`"dense"`,
+            `"chunked"`, `"local"` with a `sliding_window`, ...), `chunk_size` and
+            `flash_attention`. Default to the configuration's.
 
     Returns:
         `keras.Model`: causal LM -> float32 logits `(B, T, vocab_size)`; masked LM -> float32
@@ -287,7 +298,11 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
             f"spec={type(spec).__name__}")
     dtype = spec.dtype if dtype is None else dtype
     check_one_of("dtype", dtype, DTYPES)
-    check_one_of("implementation", implementation, IMPLEMENTATIONS)
+    if "max_length" in kernel:  # keras_attn 0.2's name
+        max_sequence_length = kernel.pop("max_length")
+    unknown = sorted(set(kernel) - set(KERNEL_OPTIONS))
+    if unknown:
+        raise TypeError(f"build_model() got unexpected keyword arguments {unknown}")
     _check_supported(spec)
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
     padding_mask = keras.Input((None,), dtype="bool", name="padding_mask")
@@ -295,7 +310,7 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
     if spec.architecture == "bert":
         segment_ids = keras.Input((None,), dtype="int32", name="segment_ids")
         inputs["segment_ids"] = segment_ids
-        encoder = _encoder(spec, dtype, implementation)
+        encoder = _encoder(spec, dtype, kernel)
         outputs = encoder(token_ids, padding_mask=padding_mask,
                           token_type_ids=segment_ids if spec.type_vocab_size else None)
         if spec.task == "encoder":
@@ -305,7 +320,7 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
                                             name="pooler", dtype=dtype)
                 outputs["pooled_output"] = pooler(outputs["sequence_output"][:, 0, :])
     else:
-        decoder = _decoder(spec, dtype, implementation, max_length)
+        decoder = _decoder(spec, dtype, kernel, max_sequence_length)
         outputs = decoder(token_ids, padding_mask=padding_mask)
     model = keras.Model(inputs, outputs, name=f"{spec.architecture}_{spec.task}")
     if weights is not None:
@@ -330,8 +345,9 @@ def generation_ids(spec: ArchitectureSpec) -> dict:
             "suppressed_ids": ()}
 
 
-def from_pretrained(directory: str, dtype: str | None = None, implementation: str = "dense",
-                    max_length: int | None = None, tokenizer: bool = True) -> tuple:
+def from_pretrained(directory: str, dtype: str | None = None,
+                    max_sequence_length: int | None = None, tokenizer: bool = True,
+                    **kernel) -> tuple:
     """A Hugging Face checkpoint directory as a keras_attn model, its tokenizer and its spec.
 
     `load_hf_checkpoint`, then `build_model`, then (TensorFlow) `load_tokenizer`.
@@ -341,11 +357,12 @@ def from_pretrained(directory: str, dtype: str | None = None, implementation: st
             safetensors weights, tokenizer files).
         dtype: optional `"float32"`, `"bfloat16"` or `"float16"`: the model's dtype.
             Defaults to the stored weights' (a bfloat16 checkpoint loads as bfloat16).
-        implementation: the attention kernel (`build_model`). Defaults to `"dense"`.
-        max_length: optional int, the longest decoding cache (`build_model`). Defaults to
-            `None`.
+        max_sequence_length: optional int, the longest decoding cache (`build_model`).
+            Defaults to `None`.
         tokenizer: bool, also load the tokenizer (needs TensorFlow and tensorflow-text);
             False returns None in its place. Defaults to `True`.
+        **kernel: the attention kernel options of `build_model` (`implementation`,
+            `chunk_size`, `flash_attention`).
 
     Returns:
         `(model, tokenizer, spec)`: the `keras.Model` of `build_model`, the
@@ -361,7 +378,7 @@ def from_pretrained(directory: str, dtype: str | None = None, implementation: st
     if dtype is not None:
         check_one_of("dtype", dtype, DTYPES)
     spec, weights = load_hf_checkpoint(directory, dtype)
-    model = build_model(spec, weights, implementation=implementation, max_length=max_length)
+    model = build_model(spec, weights, max_sequence_length=max_sequence_length, **kernel)
     loaded = None
     if tokenizer:
         from keras_attn.checkpoints.tokenizer import load_tokenizer

@@ -205,7 +205,7 @@ def generate(
         raise ValueError(
             f"Argument `pad_id` must be {PAD_ID} with strategy=\"beam\" (finished hypotheses "
             f"are extended with {PAD_ID}). Received: pad_id={padding}")
-    vocab_size = checks.vocab_size(decoder)
+    vocab_size = checks.vocabulary_size(decoder)
     suppressed_ids = _suppressed(suppressed_ids, padding, vocab_size)
     checks.end_token(eos_id, vocab_size, suppressed_ids)
     eos_id = (None if eos_id is None else tuple(int(e) for e in eos_id)

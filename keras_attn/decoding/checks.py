@@ -213,10 +213,11 @@ def _first_unpadded_row(present: np.ndarray):
     return int(np.argmax(wrong)) if wrong.any() else None
 
 
-def vocab_size(layer) -> int | None:
-    """`layer.vocab_size` when it is an integer (keras_attn's encoders and decoders), else
-    None (a model of its own keeping the decoding contract)."""
-    size = getattr(layer, "vocab_size", None)
+def vocabulary_size(layer) -> int | None:
+    """`layer.vocabulary_size` (`vocab_size` of keras_attn 0.2's and the Bahdanau stacks) when
+    it is an integer (keras_attn's encoders and decoders), else None (a model of its own
+    keeping the decoding contract)."""
+    size = getattr(layer, "vocabulary_size", getattr(layer, "vocab_size", None))
     return int(size) if isinstance(size, (int, np.integer)) and not isinstance(
         size, bool) else None
 

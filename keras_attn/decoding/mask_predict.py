@@ -123,7 +123,7 @@ def check_mask_predict_args(model, iterations, length_beam, max_length) -> int:
     """
     _, _, length_predictor = _parts(model)
     check_int("iterations", iterations, 1)
-    model_max = int(length_predictor.max_length)
+    model_max = int(length_predictor.max_target_length)
     if max_length is None:
         max_length = model_max
     check_int("max_length", max_length, 1)
@@ -174,7 +174,7 @@ def mask_predict(model, source_ids, iterations: int = 10, length_beam: int = 1,
     max_length = check_mask_predict_args(model, iterations, length_beam, max_length)
     check_bool("return_lengths", return_lengths)
     encoder, _, _ = _parts(model)
-    source_ids = checks.token_ids("source_ids", source_ids, checks.vocab_size(encoder))
+    source_ids = checks.token_ids("source_ids", source_ids, checks.vocabulary_size(encoder))
     options = {"iterations": int(iterations), "length_beam": int(length_beam),
                "max_length": int(max_length), "return_lengths": return_lengths}
     return compiled.run(_mask_predict, model, (source_ids,), options, jit_compile)

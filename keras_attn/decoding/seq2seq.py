@@ -72,8 +72,8 @@ def _search(model, source_ids, max_length, strategy, params, bos_id, eos_id, bea
     checks.length("max_length", max_length, 1)
     check_int("bos_id", bos_id, 0)
     encoder, decoder = _decoder_parts(model)
-    checks.end_token(eos_id, checks.vocab_size(decoder), (PAD_ID, bos_id))
-    source_ids = checks.token_ids("source_ids", source_ids, checks.vocab_size(encoder))
+    checks.end_token(eos_id, checks.vocabulary_size(decoder), (PAD_ID, bos_id))
+    source_ids = checks.token_ids("source_ids", source_ids, checks.vocabulary_size(encoder))
     outputs = compiled.run(
         _decode, model, (source_ids,) + params,
         {"strategy": strategy, "max_length": int(max_length), "bos_id": int(bos_id),

@@ -11,6 +11,7 @@ from keras_attn.layers.add_norm import AddNorm
 from keras_attn.layers.additive_attention import AdditiveAttention
 from keras_attn.layers.bahdanau import BahdanauCell
 from keras_attn.layers.base import BaseAttention
+from keras_attn.layers.config import AttentionConfig, BlockConfig
 from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
 from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.embedding import (
@@ -54,8 +55,10 @@ __all__ = [
     "AddNorm",
     "AdditiveAttention",
     "AlibiBias",
+    "AttentionConfig",
     "BahdanauCell",
     "BaseAttention",
+    "BlockConfig",
     "Dropout",
     "FrequencyRotaryEmbedding",
     "LinearAttention",

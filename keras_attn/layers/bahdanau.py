@@ -21,7 +21,8 @@ from keras_attn.layers.dropout import Dropout
 class GRUFields:
     """The constructor fields every Bahdanau piece keeps (the cell here, the encoder and decoder
     in `keras_attn.models.bahdanau`): `units` of the GRU states, `num_layers` stacked GRUs,
-    `dropout` between them and its `seed`, and any further sizes (`vocab_size`, `embed_dim`),
+    `dropout` between them and its `seed`, and any further sizes (`vocabulary_size`,
+    `embedding_dim`),
     each checked, set as an attribute of that name, and written back by `gru_fields()`."""
 
     def set_gru_fields(self, units: int, num_layers: int, dropout: float, seed: int | None,
@@ -74,7 +75,7 @@ class BahdanauCell(GRUFields, keras.layers.Layer):
 
     Example:
     >>> source = keras.ops.array([[4, 5, 0]])
-    >>> encoder_outputs = BahdanauEncoder(vocab_size=10, embed_dim=8, units=16)(source)
+    >>> encoder_outputs = BahdanauEncoder(vocabulary_size=10, embedding_dim=8, units=16)(source)
     >>> cell = BahdanauCell(units=16)
     >>> cell.build((None, 8))  # inputs: 8-dim embedded target tokens
     >>> states = cell.initial_state(encoder_outputs, source_mask=source != 0)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn.layers.block_base import (
+from keras_attn.layers.block_base import (  # noqa: F401 - AttentionConfig: the examples
+    AttentionConfig,
     _check_embedded_shape,
     _TransformerBlock,
     document_block,
@@ -14,21 +15,23 @@ from keras_attn.layers.block_base import (
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-@document_block(norm_first=True)
+@document_block(normalize_first=True)
 class TransformerDecoderOnlyBlock(_TransformerBlock):
     """One decoder-only block: causal self-attention and a feed-forward network, no
     cross-attention.
 
-    Pre-norm (`norm_first=True`, the default here, as in GPT-2 and LLaMA):
+    Pre-norm (`normalize_first=True`, the default here, as in GPT-2 and LLaMA):
     `h = x + MultiHead(Norm(x), causal)`, `y = h + FFN(Norm(h))`; post-norm otherwise. With
-    `norm="rms"`, `activation="swiglu"`, `position_encoding="rope"`, `use_bias=False` and
-    `num_key_value_heads` it is a LLaMA block; add `sliding_window` for Mistral.
+    `norm="rms"`, `activation="swiglu"`, `use_bias=False` and
+    `AttentionConfig(num_heads, num_key_value_heads=..., position_encoding="rope",
+    use_bias=False)` it is a LLaMA block; add `sliding_window` to the configuration for
+    Mistral.
 
     Args:
 {args}
 
     Call arguments:
-        inputs: `(B, T, embed_dim)`.
+        inputs: `(B, T, hidden_dim)`.
         padding_mask: optional boolean `(B, T)`, True at real tokens (default: the implicit
             mask of `inputs`). Padded queries get a zero attention context.
         cache: optional `(key_cache, value_cache)`, each `(B, H_kv, max_length, head_dim)`
@@ -38,23 +41,23 @@ class TransformerDecoderOnlyBlock(_TransformerBlock):
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, T, embed_dim)`; then the updated cache when one was given; then the weights.
+        `(B, T, hidden_dim)`; then the updated cache when one was given; then the weights.
 
     Example:
-    >>> block = TransformerDecoderOnlyBlock(num_heads=4, ffn_dim=64, position_encoding="rope")
+    >>> block = TransformerDecoderOnlyBlock(
+    ...     AttentionConfig(num_heads=4, position_encoding="rope"), intermediate_dim=64)
     >>> block(keras.ops.ones((2, 5, 32))).shape  # (2, 5, 32)
     """
 
-    def __init__(self, num_heads: int, ffn_dim: int, norm_first: bool = True, **kwargs):
-        super().__init__(num_heads, ffn_dim, norm_first=norm_first, **kwargs)
+    normalize_first_default = True
 
     def build(self, inputs_shape):
         _check_embedded_shape("inputs", inputs_shape)
-        embed_dim = inputs_shape[-1]
-        self.self_attention = self._attention(embed_dim, "self_attention", causal=True)
+        hidden_dim = inputs_shape[-1]
+        self.self_attention = self._attention(hidden_dim, "self_attention", causal=True)
         self._build_attention(self.self_attention, inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
-        self.ffn = self._ffn(embed_dim, inputs_shape)
+        self.ffn = self._ffn(hidden_dim, inputs_shape)
         self.ffn_norm = self._norm("ffn", inputs_shape)
         self._build_residual_dropout()
 

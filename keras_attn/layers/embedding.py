@@ -16,6 +16,7 @@ from keras_attn._checks import (
     check_rate,
     static_int,
 )
+from keras_attn.layers import legacy
 from keras_attn.layers.add_norm import NORMS, make_norm
 from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.initializers import sublayer_initializer
@@ -68,29 +69,35 @@ def _check_positions(inputs, start_index, sequence_length: int):
     return positions
 
 
+# keras_attn 0.2's argument names of the embedding and the head.
+_RENAMED = {"vocab_size": "vocabulary_size", "embed_dim": "hidden_dim",
+            "sequence_length": "max_sequence_length", "epsilon": "layer_norm_epsilon",
+            "tie_embeddings": "tie_word_embeddings"}
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class TokenEmbedding(QuantizedSublayers, keras.layers.Layer):
     """Token ids to vectors with their positions, the input end of every keras_attn model.
 
     `y = Dropout(Norm(E[ids] · scale + P[start_index + t] + S[token_type_ids]))`, each term
     optional: `P` is the sinusoid table of Vaswani et al. (`position="sinusoidal"`, added in
-    float32) or a learned table of `sequence_length` rows (`"learned"`); with `position=None`
+    float32) or a learned table of `max_sequence_length` rows (`"learned"`); with `position=None`
     the positions are the attention's business (RoPE, ALiBi, T5 buckets). `S` embeds segment
     ids (BERT's token types), `Norm` is BERT's LayerNorm after the embedding. The token table
     (`token_embedding`, a `keras.layers.ReversibleEmbedding`) also serves a tied `OutputHead`,
     quantized or not.
 
     Args:
-        vocab_size: int, rows of the token table.
-        embed_dim: int, `d`.
+        vocabulary_size: int, rows of the token table.
+        hidden_dim: int, `d`.
         position: `None`, `"sinusoidal"` or `"learned"`. Defaults to `None`.
-        sequence_length: int, the positions a `"learned"` table holds (required there, unused
-            otherwise). Defaults to `None`.
+        max_sequence_length: int, the positions a `"learned"` table holds (required there,
+            unused otherwise). Defaults to `None`.
         scale: optional float > 0 multiplying the token vectors, e.g. `sqrt(d)` (Vaswani et
             al.). Defaults to `None` (no scaling).
         num_segments: optional int, rows of the segment table. Defaults to `None` (none).
         norm: optional `"layer"` or `"rms"`, a norm after the sum. Defaults to `None`.
-        epsilon: float, that norm's epsilon. Defaults to `1e-5`.
+        layer_norm_epsilon: float, that norm's epsilon. Defaults to `1e-5`.
         dropout: float in [0, 1), dropout on the output. Defaults to `0.0`.
         seed: optional int seed for the dropout. Defaults to `None`.
         embeddings_initializer: initializer of the tables (each its own, see
@@ -104,10 +111,10 @@ class TokenEmbedding(QuantizedSublayers, keras.layers.Layer):
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, T, embed_dim)`.
+        `(B, T, hidden_dim)`.
 
     Example:
-    >>> layer = TokenEmbedding(100, 16, position="learned", sequence_length=32)
+    >>> layer = TokenEmbedding(100, 16, position="learned", max_sequence_length=32)
     >>> layer(keras.ops.array([[5, 6, 7]])).shape  # (1, 3, 16)
 
     References:
@@ -115,51 +122,60 @@ class TokenEmbedding(QuantizedSublayers, keras.layers.Layer):
         Devlin et al., 2019, "BERT", https://arxiv.org/abs/1810.04805
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int, position: str | None = None,
-                 sequence_length: int | None = None, scale: float | None = None,
-                 num_segments: int | None = None, norm: str | None = None,
-                 epsilon: float = 1e-5, dropout: float = 0.0, seed: int | None = None,
+    def __init__(self, vocabulary_size: int | None = None, hidden_dim: int | None = None,
+                 position: str | None = None, max_sequence_length: int | None = None,
+                 scale: float | None = None, num_segments: int | None = None,
+                 norm: str | None = None, layer_norm_epsilon: float = 1e-5,
+                 dropout: float = 0.0, seed: int | None = None,
                  embeddings_initializer="uniform", **kwargs):
+        renamed = legacy.rename(kwargs, type(self).__name__, _RENAMED,
+                                warn=not kwargs.pop("_loading", False))
+        vocabulary_size = renamed.get("vocabulary_size", vocabulary_size)
+        hidden_dim = renamed.get("hidden_dim", hidden_dim)
+        max_sequence_length = renamed.get("max_sequence_length", max_sequence_length)
+        layer_norm_epsilon = renamed.get("layer_norm_epsilon", layer_norm_epsilon)
         super().__init__(**kwargs)
-        check_int("vocab_size", vocab_size, 1)
-        check_int("embed_dim", embed_dim, 1)
+        check_int("vocabulary_size", vocabulary_size, 1)
+        check_int("hidden_dim", hidden_dim, 1)
         check_one_of("position", position, POSITIONS)
-        check_int("sequence_length", sequence_length, 1, allow_none=position != "learned")
+        check_int("max_sequence_length", max_sequence_length, 1,
+                  allow_none=position != "learned")
         check_number("scale", scale, 0, strict=True, allow_none=True)
         check_int("num_segments", num_segments, 1, allow_none=True)
         check_one_of("norm", norm, (None,) + NORMS)
-        check_number("epsilon", epsilon, 0, strict=True)
+        check_number("layer_norm_epsilon", layer_norm_epsilon, 0, strict=True)
         check_rate("dropout", dropout)
-        self.vocab_size, self.embed_dim = int(vocab_size), int(embed_dim)
+        self.vocabulary_size, self.hidden_dim = int(vocabulary_size), int(hidden_dim)
         self.position = position
-        self.sequence_length = None if sequence_length is None else int(sequence_length)
+        self.max_sequence_length = (None if max_sequence_length is None
+                                    else int(max_sequence_length))
         self.scale = scale
         self.num_segments = num_segments
-        self.norm, self.epsilon = norm, epsilon
+        self.norm, self.layer_norm_epsilon = norm, layer_norm_epsilon
         self.dropout, self.seed = dropout, seed
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         policy = self.dtype_policy
         self.token_embedding = _TokenTable(
-            self.vocab_size, self.embed_dim,
+            self.vocabulary_size, self.hidden_dim,
             embeddings_initializer=sublayer_initializer(self.embeddings_initializer,
                                                         "token_embedding"),
             name="token_embedding", dtype=policy)
         self.position_embedding = None
         if position == "learned":
             self.position_embedding = keras.layers.Embedding(
-                self.sequence_length, self.embed_dim,
+                self.max_sequence_length, self.hidden_dim,
                 embeddings_initializer=sublayer_initializer(self.embeddings_initializer,
                                                             "position_embedding"),
                 name="position_embedding", dtype=policy)
         self.token_type_embedding = None
         if num_segments is not None:
             self.token_type_embedding = keras.layers.Embedding(
-                num_segments, self.embed_dim,
+                num_segments, self.hidden_dim,
                 embeddings_initializer=sublayer_initializer(self.embeddings_initializer,
                                                             "token_type_embedding"),
                 name="token_type_embedding", dtype=policy)
-        self.embedding_norm = None if norm is None else make_norm(norm, epsilon,
-                                                                  "embedding_norm", policy)
+        self.embedding_norm = None if norm is None else make_norm(
+            norm, layer_norm_epsilon, "embedding_norm", policy)
         self.dropout_layer = Dropout(dropout, seed=seed, name="dropout", dtype=policy)
 
     def build(self, inputs_shape, token_type_ids_shape=None):
@@ -173,18 +189,19 @@ class TokenEmbedding(QuantizedSublayers, keras.layers.Layer):
         if self.token_type_embedding is not None:
             self.token_type_embedding.build(inputs_shape)
         if self.embedding_norm is not None:
-            self.embedding_norm.build(tuple(inputs_shape) + (self.embed_dim,))
+            self.embedding_norm.build(tuple(inputs_shape) + (self.hidden_dim,))
 
     def call(self, inputs, start_index=0, token_type_ids=None, training=None):
         x = self.token_embedding(inputs)  # (B, T, d)
         if self.scale is not None:
             x = x * ops.cast(self.scale, x.dtype)
         if self.position == "sinusoidal":
-            table = sinusoidal_table(ops.shape(inputs)[1], self.embed_dim,
+            table = sinusoidal_table(ops.shape(inputs)[1], self.hidden_dim,
                                      start_index=start_index)  # (T, d) float32
             x = ops.cast(ops.cast(x, "float32") + table, x.dtype)
         elif self.position == "learned":
-            positions = _check_positions(inputs, start_index, self.sequence_length)  # (T,)
+            positions = _check_positions(inputs, start_index,
+                                         self.max_sequence_length)  # (T,)
             x = x + self.position_embedding(positions)[None]
         if self.token_type_embedding is not None:
             if token_type_ids is None:
@@ -204,19 +221,24 @@ class TokenEmbedding(QuantizedSublayers, keras.layers.Layer):
         super().load_own_variables(store)
 
     def compute_output_shape(self, inputs_shape, token_type_ids_shape=None):
-        return tuple(inputs_shape) + (self.embed_dim,)
+        return tuple(inputs_shape) + (self.hidden_dim,)
 
     def compute_output_spec(self, inputs, start_index=0, token_type_ids=None, training=None):
-        return keras.KerasTensor(tuple(inputs.shape) + (self.embed_dim,),
+        return keras.KerasTensor(tuple(inputs.shape) + (self.hidden_dim,),
                                  dtype=self.compute_dtype)
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config, _loading=True)  # keras_attn 0.2's names load without a warning
 
     def get_config(self):
         config = super().get_config()
         config.update({
-            "vocab_size": self.vocab_size, "embed_dim": self.embed_dim,
-            "position": self.position, "sequence_length": self.sequence_length,
+            "vocabulary_size": self.vocabulary_size, "hidden_dim": self.hidden_dim,
+            "position": self.position, "max_sequence_length": self.max_sequence_length,
             "scale": self.scale, "num_segments": self.num_segments, "norm": self.norm,
-            "epsilon": self.epsilon, "dropout": self.dropout, "seed": self.seed,
+            "layer_norm_epsilon": self.layer_norm_epsilon, "dropout": self.dropout,
+            "seed": self.seed,
             "embeddings_initializer": keras.initializers.serialize(
                 self.embeddings_initializer),
             "dtype": self.dtype_config(),
@@ -231,7 +253,7 @@ class TokenAndPositionEmbedding(TokenEmbedding):
     `TokenEmbedding(position="learned")` under keras-hub's name and arguments.
 
     Args:
-        vocab_size: int, number of tokens.
+        vocabulary_size: int, number of tokens.
         sequence_length: int, number of positions with an embedding of their own (the longest
             input, prompt and generated tokens included). A longer input is refused, inside
             `fit` and `predict` too.
@@ -252,13 +274,18 @@ class TokenAndPositionEmbedding(TokenEmbedding):
     >>> TokenAndPositionEmbedding(100, 32, 16)(keras.ops.array([[5, 6, 7]])).shape  # (1, 3, 16)
     """
 
-    def __init__(self, vocab_size: int, sequence_length: int, embedding_dim: int,
-                 mask_zero: bool = False, embeddings_initializer="uniform", **kwargs):
+    def __init__(self, vocabulary_size: int | None = None, sequence_length: int | None = None,
+                 embedding_dim: int | None = None, mask_zero: bool = False,
+                 embeddings_initializer="uniform", **kwargs):
+        loading = kwargs.pop("_loading", False)
+        vocabulary_size = legacy.rename(kwargs, type(self).__name__, {
+            "vocab_size": "vocabulary_size"}, warn=not loading).get(
+            "vocabulary_size", vocabulary_size)
         check_int("sequence_length", sequence_length, 1)
         check_int("embedding_dim", embedding_dim, 1)
         check_bool("mask_zero", mask_zero)
-        super().__init__(vocab_size, embedding_dim, position="learned",
-                         sequence_length=sequence_length,
+        super().__init__(vocabulary_size, embedding_dim, position="learned",
+                         max_sequence_length=sequence_length,
                          embeddings_initializer=embeddings_initializer, **kwargs)
         self.embedding_dim = int(embedding_dim)
         self.mask_zero = mask_zero
@@ -279,8 +306,8 @@ class TokenAndPositionEmbedding(TokenEmbedding):
     def get_config(self):
         config = keras.layers.Layer.get_config(self)
         config.update({
-            "vocab_size": self.vocab_size,
-            "sequence_length": self.sequence_length,
+            "vocabulary_size": self.vocabulary_size,
+            "sequence_length": self.max_sequence_length,
             "embedding_dim": self.embedding_dim,
             "mask_zero": self.mask_zero,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
@@ -294,18 +321,18 @@ class OutputHead(QuantizedSublayers, keras.layers.Layer):
     """Hidden states to vocabulary logits, the output end of every keras_attn model.
 
     `logits = T(x) W + b` in float32, where `W` is a dense kernel, or with
-    `tie_embeddings=True` the transposed token table of the model's `TokenEmbedding` (Press and
+    `tie_word_embeddings=True` the transposed token table of the model's `TokenEmbedding` (Press and
     Wolf, 2017; int8/int4-quantized tables keep their scales). The optional transform
     `T(x) = Norm(act(x W_t + b_t))` is BERT's masked-LM head (`transform_activation="gelu"`);
     without it `T(x) = x`.
 
     Args:
-        vocab_size: int, number of logits.
-        tie_embeddings: bool, project with the token table (`tie` links it). Defaults to
-            `False`.
+        vocabulary_size: int, number of logits.
+        tie_word_embeddings: bool, project with the token table (`tie` links it). Defaults
+            to `False`.
         use_bias: bool, a bias `b` on the logits. Defaults to `True`.
         transform_activation: optional activation: adds the transform `T`. Defaults to `None`.
-        epsilon: float, the transform's LayerNorm epsilon. Defaults to `1e-5`.
+        layer_norm_epsilon: float, the transform's LayerNorm epsilon. Defaults to `1e-5`.
         kernel_initializer: initializer of the dense kernels (each its own). Defaults to
             `"glorot_uniform"`.
 
@@ -313,7 +340,7 @@ class OutputHead(QuantizedSublayers, keras.layers.Layer):
         inputs: `(B, T, d)`.
 
     Returns:
-        float32 logits `(B, T, vocab_size)`.
+        float32 logits `(B, T, vocabulary_size)`.
 
     Example:
     >>> head = OutputHead(100)
@@ -324,16 +351,23 @@ class OutputHead(QuantizedSublayers, keras.layers.Layer):
         https://arxiv.org/abs/1608.05859
     """
 
-    def __init__(self, vocab_size: int, tie_embeddings: bool = False, use_bias: bool = True,
-                 transform_activation=None, epsilon: float = 1e-5,
-                 kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, vocabulary_size: int | None = None, tie_word_embeddings: bool = False,
+                 use_bias: bool = True, transform_activation=None,
+                 layer_norm_epsilon: float = 1e-5, kernel_initializer="glorot_uniform",
+                 **kwargs):
+        renamed = legacy.rename(kwargs, type(self).__name__, _RENAMED,
+                                warn=not kwargs.pop("_loading", False))
+        vocabulary_size = renamed.get("vocabulary_size", vocabulary_size)
+        tie_word_embeddings = renamed.get("tie_word_embeddings", tie_word_embeddings)
+        layer_norm_epsilon = renamed.get("layer_norm_epsilon", layer_norm_epsilon)
         super().__init__(**kwargs)
-        check_int("vocab_size", vocab_size, 1)
-        check_bool("tie_embeddings", tie_embeddings)
+        check_int("vocabulary_size", vocabulary_size, 1)
+        check_bool("tie_word_embeddings", tie_word_embeddings)
         check_bool("use_bias", use_bias)
-        check_number("epsilon", epsilon, 0, strict=True)
-        self.vocab_size = int(vocab_size)
-        self.tie_embeddings, self.use_bias, self.epsilon = tie_embeddings, use_bias, epsilon
+        check_number("layer_norm_epsilon", layer_norm_epsilon, 0, strict=True)
+        self.vocabulary_size = int(vocabulary_size)
+        self.tie_word_embeddings, self.use_bias = tie_word_embeddings, use_bias
+        self.layer_norm_epsilon = layer_norm_epsilon
         self.transform_activation = (None if transform_activation is None
                                      else keras.activations.get(transform_activation))
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -364,22 +398,23 @@ class OutputHead(QuantizedSublayers, keras.layers.Layer):
                                                activation=self.transform_activation)
             self.transform_dense.build(inputs_shape)
             self.transform_norm = keras.layers.LayerNormalization(
-                epsilon=self.epsilon, name="transform_norm", dtype=self.dtype_policy)
+                epsilon=self.layer_norm_epsilon, name="transform_norm",
+                dtype=self.dtype_policy)
             self.transform_norm.build(inputs_shape)
         self.output_dense = self.bias = None
-        if not self.tie_embeddings:
-            self.output_dense = self._dense(self.vocab_size, "output_dense",
+        if not self.tie_word_embeddings:
+            self.output_dense = self._dense(self.vocabulary_size, "output_dense",
                                             use_bias=self.use_bias)
             self.output_dense.build(inputs_shape)
             return
         table = self.token_embedding
-        if table is None or (table.input_dim, table.output_dim) != (self.vocab_size, dim):
+        if table is None or (table.input_dim, table.output_dim) != (self.vocabulary_size, dim):
             raise ValueError(
-                f"A tied OutputHead needs a token table of shape (vocab_size={self.vocab_size}"
-                f", {dim}) linked with `tie(token_embedding)` before it is built. Received: "
+                "A tied OutputHead needs a token table of shape "
+                f"(vocabulary_size={self.vocabulary_size}, {dim}) linked with `tie(token_embedding)` before it is built. Received: "
                 f"token_embedding={table!r}")
         if self.use_bias:
-            self.bias = self.add_weight(name="bias", shape=(self.vocab_size,),
+            self.bias = self.add_weight(name="bias", shape=(self.vocabulary_size,),
                                         initializer="zeros")
 
     def call(self, inputs):
@@ -394,19 +429,28 @@ class OutputHead(QuantizedSublayers, keras.layers.Layer):
         return ops.cast(logits, "float32")
 
     def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape[:-1]) + (self.vocab_size,)
+        return tuple(inputs_shape[:-1]) + (self.vocabulary_size,)
 
     def compute_output_spec(self, inputs):
         return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype="float32")
 
+    @property
+    def tie_embeddings(self) -> bool:
+        """Deprecated: `tie_word_embeddings`."""
+        return self.tie_word_embeddings
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config, _loading=True)  # keras_attn 0.2's names load without a warning
+
     def get_config(self):
         config = super().get_config()
         config.update({
-            "vocab_size": self.vocab_size, "tie_embeddings": self.tie_embeddings,
-            "use_bias": self.use_bias,
+            "vocabulary_size": self.vocabulary_size,
+            "tie_word_embeddings": self.tie_word_embeddings, "use_bias": self.use_bias,
             "transform_activation": (None if self.transform_activation is None else
                                      keras.activations.serialize(self.transform_activation)),
-            "epsilon": self.epsilon,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "dtype": self.dtype_config(),
         })

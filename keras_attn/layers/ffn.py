@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn._checks import as_int, check_bool, check_rate
+from keras_attn._checks import as_int, check_bool, check_rate, warn_deprecated
+from keras_attn.layers.activations import GATED, get_activation, serialize_activation
 from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.quantization import QuantizedSublayers
-
-# The gated activations by name (Shazeer, 2020): the gate's activation.
-GATED = {"swiglu": "silu", "geglu": "gelu"}
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -18,14 +16,15 @@ class FFN(QuantizedSublayers, keras.layers.Layer):
     """Position-wise feed-forward network: `act(x W₁) W₂`, or gated: `(act(x W_g) ⊙ x W₁) W₂`.
 
     The same MLP is applied to every position independently, with dropout on the hidden layer.
-    The gated form (Shazeer, 2020) is SwiGLU with `activation="swiglu"` (Swish/SiLU gate) and
-    GEGLU with `"geglu"` (GELU gate), or any activation with `gated=True`.
+    The gated form (Shazeer, 2020) is SwiGLU with `activation="swiglu"` (Swish/SiLU gate),
+    GEGLU with `"geglu"` (GELU gate), `"geglu_tanh"` (tanh GELU gate), `"reglu"` (ReLU gate), or
+    any activation with `gated=True`.
 
     Args:
-        hidden_dim: int, size of the hidden layer.
+        intermediate_dim: int, size of the hidden layer (`hidden_dim` in keras_attn 0.2).
         output_dim: int, size of the output. Defaults to the input's last dimension.
-        activation: activation of the hidden layer (of the gate when gated), or `"swiglu"` /
-            `"geglu"` (gated SiLU / GELU). Defaults to `"relu"`.
+        activation: activation of the hidden layer (of the gate when gated), `"gelu_tanh"`, or
+            a gated name (`keras_attn.layers.activations.GATED`). Defaults to `"relu"`.
         dropout: float in [0, 1), dropout on the hidden activations. Defaults to `0.0`.
         kernel_initializer: initializer of the kernels, each drawing from its own copy
             (`sublayer_initializer`). Defaults to `"glorot_uniform"`.
@@ -42,8 +41,8 @@ class FFN(QuantizedSublayers, keras.layers.Layer):
         `(B, T, output_dim)`. A Keras implicit mask passes through.
 
     Example:
-    >>> FFN(hidden_dim=4, output_dim=8)(keras.ops.ones((2, 3, 4))).shape  # (2, 3, 8)
-    >>> FFN(hidden_dim=16, activation="swiglu")(keras.ops.ones((2, 3, 4))).shape  # (2, 3, 4)
+    >>> FFN(intermediate_dim=4, output_dim=8)(keras.ops.ones((2, 3, 4))).shape  # (2, 3, 8)
+    >>> FFN(16, activation="swiglu")(keras.ops.ones((2, 3, 4))).shape  # (2, 3, 4)
 
     References:
         Shazeer, 2020, "GLU Variants Improve Transformer", https://arxiv.org/abs/2002.05202
@@ -51,7 +50,7 @@ class FFN(QuantizedSublayers, keras.layers.Layer):
 
     def __init__(
         self,
-        hidden_dim: int,
+        intermediate_dim: int | None = None,
         output_dim: int | None = None,
         activation="relu",
         dropout: float = 0.0,
@@ -61,24 +60,26 @@ class FFN(QuantizedSublayers, keras.layers.Layer):
         use_bias: bool = True,
         **kwargs,
     ):
+        if "hidden_dim" in kwargs:  # keras_attn 0.2's name
+            if intermediate_dim is not None:
+                raise ValueError("Arguments `hidden_dim` (deprecated) and `intermediate_dim` say "
+                                 "the same thing; give `intermediate_dim` only.")
+            intermediate_dim = kwargs.pop("hidden_dim")
+            warn_deprecated("FFN: `hidden_dim` is `intermediate_dim` (hidden_dim is the "
+                            "model's width everywhere else) (keras_attn 0.3 names, see "
+                            "CHANGELOG.md).")
         super().__init__(**kwargs)
-        hidden_dim = as_int("hidden_dim", hidden_dim)
+        intermediate_dim = as_int("intermediate_dim", intermediate_dim)
         output_dim = as_int("output_dim", output_dim, allow_none=True)
         check_rate("dropout", dropout)
         check_bool("gated", gated)
         check_bool("use_bias", use_bias)
-        if activation in GATED:
+        if isinstance(activation, str) and activation in GATED:
             activation, gated = GATED[activation], True
-        try:
-            self.activation = keras.activations.get(activation)
-        except ValueError as error:
-            raise ValueError(
-                f"Received an invalid value for argument `activation`, expected a Keras "
-                f"activation, \"swiglu\" or \"geglu\". Received: activation={activation!r}"
-            ) from error
+        self.activation = get_activation(activation, gated_names=False)
         self.gated = gated
         self.use_bias = use_bias
-        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
         self.output_dim = output_dim
         self.dropout = dropout
         self.seed = seed
@@ -100,13 +101,13 @@ class FFN(QuantizedSublayers, keras.layers.Layer):
                 dtype=self.dtype_policy)
 
         if self.gated:
-            self.gate_dense = dense(self.hidden_dim, "gate_dense", self.activation)
+            self.gate_dense = dense(self.intermediate_dim, "gate_dense", self.activation)
             self.gate_dense.build(input_shape)
-        self.hidden_dense = dense(self.hidden_dim, "hidden_dense",
+        self.hidden_dense = dense(self.intermediate_dim, "hidden_dense",
                                   None if self.gated else self.activation)
         self.output_dense = dense(self.output_dim or input_shape[-1], "output_dense")
         self.hidden_dense.build(input_shape)
-        self.output_dense.build(tuple(input_shape[:-1]) + (self.hidden_dim,))
+        self.output_dense.build(tuple(input_shape[:-1]) + (self.intermediate_dim,))
 
     def call(self, inputs, training=None):
         hidden = self.hidden_dense(inputs)  # (B, T, h)
@@ -122,9 +123,9 @@ class FFN(QuantizedSublayers, keras.layers.Layer):
         config = super().get_config()
         config.update(
             {
-                "hidden_dim": self.hidden_dim,
+                "intermediate_dim": self.intermediate_dim,
                 "output_dim": self.output_dim,
-                "activation": keras.activations.serialize(self.activation),
+                "activation": serialize_activation(self.activation),
                 "dropout": self.dropout,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "seed": self.seed,
@@ -134,3 +135,10 @@ class FFN(QuantizedSublayers, keras.layers.Layer):
             }
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if "hidden_dim" in config:  # saved by keras_attn 0.2
+            config["intermediate_dim"] = config.pop("hidden_dim")
+        return cls(**config)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_attn._checks import as_int, warn_deprecated
+from keras_attn._checks import as_int, check_one_of, warn_deprecated
+from keras_attn.layers.config import AttentionConfig
 from keras_attn.layers.multi_head import MultiHead
 
 
@@ -35,7 +36,8 @@ class LocalMultiHead(MultiHead):
         sliding_window: int >= 1, the width `w` above (keyword-only, as every argument after
             `key_dim`). Required (or the deprecated `window`).
         num_global: int >= 0, number of leading global tokens. Defaults to `0`.
-        implementation: `"local"`, `"chunked"` or `"dense"`. Defaults to `"local"`.
+        implementation: `"local"`, `"chunked"` or `"dense"`. Defaults to `"local"` (unless
+            an `attention` configuration names another).
         window: deprecated, `window=d` is `sliding_window=d + 1` (|p - j| <= d), the spelling
             of earlier releases; their `.keras` files load.
         **kwargs: the other `MultiHead` arguments (`value_dim`, `output_dim`, `dropout`,
@@ -69,16 +71,10 @@ class LocalMultiHead(MultiHead):
         *,
         sliding_window: int | None = None,
         num_global: int = 0,
-        implementation: str = "local",
+        implementation: str | None = None,
         window: int | None = None,
         **kwargs,
     ):
-        for option in ("add_bias_kv", "add_zero_attn"):
-            if kwargs.pop(option, None):
-                raise ValueError(
-                    f"Argument `{option}` is not supported by LocalMultiHead (an appended key "
-                    f"has no position in the window). Received: {option}=True"
-                )
         if window is not None:
             window = as_int("window", window, 0)
             if sliding_window is not None and sliding_window != window + 1:
@@ -91,7 +87,11 @@ class LocalMultiHead(MultiHead):
                 "LocalMultiHead(window=d) is deprecated: use sliding_window=d + 1 (the query "
                 "at p sees keys j with |p - j| < sliding_window, as in Keras).")
             sliding_window = window + 1
-        if sliding_window is None:
+        attention = kwargs.get("attention")
+        attention = None if attention is None else AttentionConfig.coerce(attention)
+        if implementation is None and (attention is None or attention.implementation == "dense"):
+            implementation = "local"  # the default here (a configuration's "dense" is unsaid)
+        if sliding_window is None and (attention is None or attention.sliding_window is None):
             raise ValueError(
                 "Argument `sliding_window` is required: the query at position p sees the keys "
                 "j with |p - j| < sliding_window. Received: sliding_window=None"
@@ -99,6 +99,15 @@ class LocalMultiHead(MultiHead):
         super().__init__(num_heads=num_heads, key_dim=key_dim, sliding_window=sliding_window,
                          implementation=implementation, **kwargs)
         self.num_global = as_int("num_global", num_global, 0)
+
+    def check_implementation(self, config: AttentionConfig) -> None:
+        check_one_of("implementation", config.implementation, self.implementations)
+        for option in ("add_bias_kv", "add_zero_attn"):
+            if getattr(config, option):
+                raise ValueError(
+                    f"Argument `{option}` is not supported by LocalMultiHead (an appended key "
+                    f"has no position in the window). Received: {option}=True"
+                )
 
     def _window(self) -> dict:
         return {"window": self.sliding_window - 1, "num_global": self.num_global}
@@ -110,7 +119,8 @@ class LocalMultiHead(MultiHead):
 
     def get_config(self):
         config = super().get_config()
-        for name in ("add_bias_kv", "add_zero_attn"):  # never set here
-            config.pop(name)
+        # Said explicitly: this layer's default kernel is "local", the configuration's "dense".
+        config["attention"].pop("implementation", None)
+        config["implementation"] = self.implementation
         config["num_global"] = self.num_global
         return config

@@ -9,16 +9,11 @@ from keras import ops
 
 from keras_attn import ops as attn_ops
 from keras_attn import tuning
-from keras_attn._checks import (
-    as_int,
-    as_output_shape,
-    as_use_bias,
-    check_bool,
-    check_one_of,
-)
+from keras_attn._checks import as_int, as_output_shape, warn_deprecated
 from keras_attn.layers.any_rank import AnyRankInputs
 from keras_attn.layers.base import BaseAttention
 from keras_attn.layers.cache import KeyValueCache, as_cache_index
+from keras_attn.layers.config import AttentionConfig
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.position_bias import (
     AlibiBias,
@@ -32,7 +27,12 @@ from keras_attn.ops.attention import check_bias
 from keras_attn.ops.axes import check_axes_argument
 from keras_attn.tuning import xla_dense
 
-PROJECTIONS = ("query", "key", "value", "output", "gate")
+# What `MultiHead` takes as keywords besides its Keras arguments: the configuration's fields
+# (Keras' `sliding_window`, `flash_attention`, `use_gate`, GroupQueryAttention's
+# `num_key_value_heads`, and keras_attn's own).
+ATTENTION_KEYWORDS = ("num_key_value_heads", "position_encoding", "implementation",
+                      "chunk_size", "flash_attention", "sliding_window", "soft_cap", "use_gate",
+                      "add_bias_kv", "add_zero_attn")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -56,48 +56,36 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         key_dim: int, size of each head for query and key (Llama's `head_dim`; independent of
             the input width).
         value_dim: int, size of each head for value. Defaults to `key_dim`.
-        output_dim: int, size of the output (`output_shape` for a single axis). Defaults to
-            the last dimension of the query.
         dropout: float in [0, 1), dropout on the attention weights. Defaults to `0.0`.
         use_bias: bool, whether the projections have biases, or a collection of the names of
             those that do, among `"query"`, `"key"`, `"value"`, `"output"`, `"gate"` (Qwen2:
             `("query", "key", "value")`). Defaults to `True`.
-        add_bias_kv: bool, append a learned key and value (torch). Defaults to `False`.
-        add_zero_attn: bool, append a zero key and value (torch). Defaults to `False`.
-        kernel_initializer: initializer of the projection kernels; each projection draws from
-            its own copy (`sublayer_initializer`). Defaults to `"glorot_uniform"`.
-        bias_initializer: initializer of the projection biases. Defaults to `"zeros"`.
-        seed: optional int seed for the dropout. Defaults to `None`.
-        implementation: `"dense"`, `"chunked"` (exact attention blockwise over keys, memory
-            `T · chunk_size`; no dropout in training, no returned weights) or, with
-            `sliding_window`, `"local"` (O(T · window); calls it cannot take run the dense
-            kernel, see `keras_attn.ops.kernel_for`). Defaults to `"dense"`.
-        chunk_size: optional int, keys per block for `implementation="chunked"`; `None` sizes
-            blocks by `keras_attn.tuning`. Defaults to `None`.
-        num_key_value_heads: optional int dividing `num_heads`: grouped-query attention, each
-            key/value head serving `num_heads // num_key_value_heads` query heads (1 =
-            multi-query). The cache holds only the key/value heads. Defaults to `None` (one
-            per query head).
-        position_encoding: `None`, `"rope"` (rotary embeddings of the projected queries and
-            keys: queries at `cache_update_index + t`, keys at their place in the key sequence
-            or cache), `"alibi"` or `"relative"` (T5 buckets, learned), or a
-            `RotaryEmbedding`, `AlibiBias` or `RelativePositionBias` layer, which may be shared
-            by several attention layers (T5), in memory and in `.keras` files. Defaults to
-            `None`.
-        use_gate: bool, gate the attention output by `sigmoid(query W_g)` per head before the
-            output projection (as `keras.layers.MultiHeadAttention(use_gate=True)`).
-            Defaults to `False`.
-        sliding_window: optional int `w`: the query at position p sees the keys j with
-            |p - j| < w (with the causal mask, the `w` keys p - w + 1 … p), as Keras' and
-            Hugging Face Mistral's `sliding_window`. Defaults to `None`.
-        output_shape: optional int or tuple, the output's trailing shape (Keras' name).
-            Defaults to `None`.
+        output_shape: optional int or tuple, the output's trailing shape. Defaults to the last
+            dimension of the query.
         attention_axes: optional int or tuple, the axes of inputs of rank > 3 to attend over,
             as in Keras (negative axes count from the end; the softmax normalises jointly over
             the key's attention axes); `None` attends over every axis but the batch and the
             features. Defaults to `None`.
+        kernel_initializer: initializer of the projection kernels; each projection draws from
+            its own copy (`sublayer_initializer`). Defaults to `"glorot_uniform"`.
+        bias_initializer: initializer of the projection biases. Defaults to `"zeros"`.
         kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint: of every
             projection. Default to `None`.
+        seed: optional int seed for the dropout. Defaults to `None`.
+        attention: optional `keras_attn.layers.AttentionConfig`, how the attention computes:
+            grouped-query heads, positions, the kernel, the window, soft-capping, torch's extra
+            keys. Its fields may also be given here as keywords, as Keras'
+            `MultiHeadAttention` takes `sliding_window`, `flash_attention` and `use_gate` and
+            `GroupQueryAttention` `num_key_value_heads`: `num_key_value_heads`,
+            `position_encoding` (a name, or a `RotaryEmbedding` / `AlibiBias` /
+            `RelativePositionBias` layer, which several attention layers may share, T5),
+            `implementation` (`"dense"`, `"chunked"`: exact, memory `T · chunk_size`, no
+            dropout in training, no returned weights; `"local"` with `sliding_window`; calls a
+            kernel cannot take run the dense one, see `keras_attn.ops.kernel_for`),
+            `chunk_size`, `flash_attention`, `sliding_window` (the query at p sees the keys j
+            with |p - j| < w; causal: the `w` latest), `soft_cap`, `use_gate`, `add_bias_kv`,
+            `add_zero_attn`. A field given both ways must agree. Defaults to `None` (dense
+            attention, one key/value head per query head, no positions).
 
     Call arguments:
         query: `(B, T, dq)`, or `(B, d_1, ..., d_n, dq)` with `attention_axes`.
@@ -140,80 +128,72 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
     """
 
-    implementations = ("dense", "chunked")
-
     def __init__(
         self,
         num_heads: int,
         key_dim: int,
         value_dim: int | None = None,
-        output_dim: int | None = None,
         dropout: float = 0.0,
         use_bias=True,
-        add_bias_kv: bool = False,
-        add_zero_attn: bool = False,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        seed: int | None = None,
-        implementation: str = "dense",
-        chunk_size: int | None = None,
-        num_key_value_heads: int | None = None,
-        position_encoding=None,
-        use_gate: bool = False,
-        sliding_window: int | None = None,
         output_shape=None,
         attention_axes=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
         kernel_regularizer=None,
         bias_regularizer=None,
         kernel_constraint=None,
         bias_constraint=None,
+        seed: int | None = None,
+        attention: AttentionConfig | None = None,
         **kwargs,
     ):
+        fields = {name: kwargs.pop(name) for name in ATTENTION_KEYWORDS if name in kwargs}
+        output_dim = kwargs.pop("output_dim", None)
+        if output_dim is not None:
+            warn_deprecated("MultiHead: `output_dim=n` is `output_shape=n` (Keras' name) "
+                            "(keras_attn 0.3 names, see CHANGELOG.md).")
         super().__init__(dropout=dropout, seed=seed, **kwargs)
         self.num_heads = as_int("num_heads", num_heads)
         self.key_dim = as_int("key_dim", key_dim)
         self.value_dim = as_int("value_dim", value_dim, allow_none=True) or self.key_dim
-        kv_heads = as_int("num_key_value_heads", num_key_value_heads, allow_none=True)
-        self.num_key_value_heads = kv_heads or self.num_heads
-        if self.num_heads % self.num_key_value_heads:
-            raise ValueError(
-                "Received an invalid value for argument `num_key_value_heads`, expected a "
-                f"divisor of num_heads={num_heads}. Received: "
-                f"num_key_value_heads={num_key_value_heads}"
-            )
-        self.sliding_window = as_int("sliding_window", sliding_window, allow_none=True)
-        self.chunk_size = as_int("chunk_size", chunk_size, allow_none=True)
-        for name, value in (("use_gate", use_gate), ("add_bias_kv", add_bias_kv),
-                            ("add_zero_attn", add_zero_attn)):
-            check_bool(name, value)
-        self.use_gate, self.add_bias_kv, self.add_zero_attn = use_gate, add_bias_kv, add_zero_attn
-        self.use_bias = as_use_bias(use_bias, PROJECTIONS)
+        # A position layer given here is this layer's own (it may be shared with other
+        # attention layers, T5); the configuration keeps its config.
+        position = fields.get("position_encoding")
+        self.config = AttentionConfig.merge(attention, num_heads=self.num_heads,
+                                            head_dim=self.key_dim, use_bias=use_bias, **fields)
+        self.config.check_dropout(dropout)
+        self.check_implementation(self.config)
         self.output_dim, self.output_shape_ = as_output_shape(
             as_int("output_dim", output_dim, allow_none=True), output_shape)
         check_axes_argument(attention_axes)
         self.attention_axes = (tuple(attention_axes) if isinstance(attention_axes, (list, tuple))
                                else attention_axes)
-        self.position_encoding = position_layer(position_encoding, self.dtype_policy)
-        check_one_of("implementation", implementation, self.implementations
-                     + (("local",) if self.sliding_window is not None else ()))
-        if chunk_size is not None and implementation != "chunked":
-            raise ValueError(
-                "Argument `chunk_size` applies to implementation=\"chunked\" only. Received: "
-                f"chunk_size={chunk_size!r}, implementation={implementation!r}"
-            )
-        if implementation == "chunked" and dropout > 0:
-            raise ValueError(
-                "Argument `implementation=\"chunked\"` does not support dropout on the "
-                "attention weights; use implementation=\"dense\" or dropout=0. Received: "
-                f"implementation={implementation!r}, dropout={dropout!r}"
-            )
-        self.implementation = implementation
+        self.position_encoding = position_layer(
+            position if isinstance(position, keras.layers.Layer)
+            else self.config.position_encoding, self.dtype_policy)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
+
+    def check_implementation(self, config: AttentionConfig) -> None:
+        """Subclasses refuse the kernels and options they cannot honour (none here)."""
+
+    # The configuration's fields, as attributes.
+    use_bias = property(lambda self: self.config.use_bias)
+    implementation = property(lambda self: self.config.implementation)
+    chunk_size = property(lambda self: self.config.chunk_size)
+    sliding_window = property(lambda self: self.config.sliding_window)
+    use_gate = property(lambda self: self.config.use_gate)
+    add_bias_kv = property(lambda self: self.config.add_bias_kv)
+    add_zero_attn = property(lambda self: self.config.add_zero_attn)
+
+    @property
+    def num_key_value_heads(self) -> int:
+        """Key/value heads: `H` unless grouped-query."""
+        return self.config.num_key_value_heads or self.num_heads
 
     # ---- projections -----------------------------------------------------------------------
 
@@ -420,35 +400,52 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
 
     def get_config(self):
         config = super().get_config()
+        # The configuration once: its fields that are not Keras' arguments above.
+        attention = {name: value for name, value in self.config.get_config().items()
+                     if name not in ("num_heads", "head_dim", "use_bias")}
+        if self.position_encoding is not None:
+            attention["position_encoding"] = serialize_position_layer(self.position_encoding)
         config.update({
             "num_heads": self.num_heads,
             "key_dim": self.key_dim,
             "value_dim": self.value_dim,
-            "output_dim": self.output_dim,
             "use_bias": self.use_bias if isinstance(self.use_bias, bool) else list(
                 self.use_bias),
-            "add_bias_kv": self.add_bias_kv,
-            "add_zero_attn": self.add_zero_attn,
-            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            "implementation": self.implementation,
-            "chunk_size": self.chunk_size,
-            "num_key_value_heads": (None if self.num_key_value_heads == self.num_heads
-                                    else self.num_key_value_heads),
-            "position_encoding": serialize_position_layer(self.position_encoding),
-            "use_gate": self.use_gate,
-            "sliding_window": self.sliding_window,
             "output_shape": None if self.output_shape_ is None else list(self.output_shape_),
             "attention_axes": (list(self.attention_axes)
                                if isinstance(self.attention_axes, tuple) else
                                self.attention_axes),
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
             "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
             "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
             "bias_constraint": keras.constraints.serialize(self.bias_constraint),
+            "attention": attention,
             "dtype": self.dtype_config(),
         })
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if config.get("output_shape") is not None:  # earlier releases saved both
+            config.pop("output_dim", None)
+        elif config.get("output_dim") is not None:
+            config["output_shape"] = [config.pop("output_dim")]
+        config.pop("output_dim", None)
+        attention = config.get("attention")
+        if isinstance(attention, dict) and isinstance(attention.get("position_encoding"), dict):
+            # A position layer shared by several attention layers (T5) comes back as one
+            # object: give it as this layer's own, not as a configuration to copy.
+            attention = dict(attention)
+            config["position_encoding"] = keras.saving.deserialize_keras_object(
+                attention.pop("position_encoding"))
+            config["attention"] = attention
+        elif isinstance(config.get("position_encoding"), dict):
+            config["position_encoding"] = keras.saving.deserialize_keras_object(
+                config["position_encoding"])
+        return cls(**config)
 
     # ---- importers (keras_attn.layers.importers) ---------------------------------------------
 

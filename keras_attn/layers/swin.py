@@ -14,6 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn import ops as attn_ops
+from keras_attn.layers import legacy
 from keras_attn.layers.base import BaseAttention, check_positive_int, check_rate
 from keras_attn.layers.ffn import FFN
 from keras_attn.layers.initializers import sublayer_initializer
@@ -366,18 +367,18 @@ class PatchEmbedding(QuantizedSublayers, keras.layers.Layer):
 
     Args:
         patch_size: int, patch side `p`; image height and width must be multiples of it.
-        embed_dim: int, size of each token `C`.
+        hidden_dim: int, size of each token `C`.
         use_norm: bool, LayerNorm after the projection. Defaults to `True`.
-        epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
+        layer_norm_epsilon: float, LayerNorm epsilon. Defaults to `1e-5`.
 
     Call arguments:
         inputs: `(B, H, W, channels)` images.
 
     Returns:
-        `(B, H / p, W / p, embed_dim)`.
+        `(B, H / p, W / p, hidden_dim)`.
 
     Example:
-    >>> PatchEmbedding(patch_size=2, embed_dim=32)(keras.ops.ones((4, 8, 8, 1))).shape
+    >>> PatchEmbedding(patch_size=2, hidden_dim=32)(keras.ops.ones((4, 8, 8, 1))).shape
     (4, 4, 4, 32)
 
     References:
@@ -385,29 +386,34 @@ class PatchEmbedding(QuantizedSublayers, keras.layers.Layer):
         https://arxiv.org/abs/2010.11929
     """
 
-    def __init__(self, patch_size: int, embed_dim: int, use_norm: bool = True,
-                 epsilon: float = 1e-5, **kwargs):
+    def __init__(self, patch_size: int, hidden_dim: int | None = None, use_norm: bool = True,
+                 layer_norm_epsilon: float = 1e-5, **kwargs):
+        renamed = legacy.rename(kwargs, "PatchEmbedding", {
+            "embed_dim": "hidden_dim", "epsilon": "layer_norm_epsilon"},
+            warn=not kwargs.pop("_loading", False))
+        hidden_dim = renamed.get("hidden_dim", hidden_dim)
+        layer_norm_epsilon = renamed.get("layer_norm_epsilon", layer_norm_epsilon)
         super().__init__(**kwargs)
         check_positive_int("patch_size", patch_size)
-        check_positive_int("embed_dim", embed_dim)
+        check_positive_int("hidden_dim", hidden_dim)
         if not isinstance(use_norm, bool):
             raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
                 "Received an invalid value for argument `use_norm`, expected a bool. "
                 f"Received: use_norm={use_norm!r}"
             )
         self.patch_size = patch_size
-        self.embed_dim = embed_dim
+        self.hidden_dim = hidden_dim
         self.use_norm = use_norm
-        self.epsilon = epsilon
+        self.layer_norm_epsilon = layer_norm_epsilon
 
     def build(self, input_shape):
         _check_grid("inputs", input_shape, self.patch_size, "patch_size")
-        self.projection = keras.layers.Conv2D(self.embed_dim, self.patch_size,
+        self.projection = keras.layers.Conv2D(self.hidden_dim, self.patch_size,
                                               strides=self.patch_size, name="projection",
                                               dtype=self.dtype_policy)
         self.projection.build(input_shape)
         if self.use_norm:
-            self.norm = keras.layers.LayerNormalization(epsilon=self.epsilon, name="norm",
+            self.norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="norm",
                                                         dtype=self.dtype_policy)
             self.norm.build(self.compute_output_shape(input_shape))
 
@@ -417,14 +423,18 @@ class PatchEmbedding(QuantizedSublayers, keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         p = self.patch_size
-        return (input_shape[0], input_shape[1] // p, input_shape[2] // p, self.embed_dim)
+        return (input_shape[0], input_shape[1] // p, input_shape[2] // p, self.hidden_dim)
 
     def get_config(self):
         config = super().get_config()
         config["dtype"] = self.dtype_config()
-        config.update({"patch_size": self.patch_size, "embed_dim": self.embed_dim,
-                       "use_norm": self.use_norm, "epsilon": self.epsilon})
+        config.update({"patch_size": self.patch_size, "hidden_dim": self.hidden_dim,
+                       "use_norm": self.use_norm, "layer_norm_epsilon": self.layer_norm_epsilon})
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config, _loading=True)  # keras_attn 0.2's names load without a warning
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -1,7 +1,7 @@
 """Transformer encoder and decoder blocks.
 
 A block composes the core layers the way the paper draws it: `MultiHead` → `AddNorm` → `FFN` →
-`AddNorm` (post-LN), or with `norm_first=True` the pre-LN form `x + Sublayer(LayerNorm(x))`.
+`AddNorm` (post-LN), or with `normalize_first=True` the pre-LN form `x + Sublayer(LayerNorm(x))`.
 The decoder block takes a static-shape key/value cache for decoding one token at a time.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import keras
 
 from keras_attn._checks import check_bool
-from keras_attn.layers.block_base import (
+from keras_attn.layers.block_base import (  # noqa: F401 - AttentionConfig: the examples
+    AttentionConfig,
     _check_embedded_shape,
     _TransformerBlock,
     document_block,
@@ -18,20 +19,21 @@ from keras_attn.layers.block_base import (
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-@document_block(norm_first=False)
+@document_block(normalize_first=False)
 class TransformerEncoderBlock(_TransformerBlock):
     """One Transformer encoder block: self-attention and a position-wise FFN.
 
     Post-LN (the paper, default): `h = LayerNorm(x + MultiHead(x))`,
-    `y = LayerNorm(h + FFN(h))`. Pre-LN (`norm_first=True`): `h = x + MultiHead(LayerNorm(x))`,
-    `y = h + FFN(LayerNorm(h))`. Each head has size `embed_dim // num_heads` unless `head_dim`
-    is given; `num_heads` must then divide the input size (checked at build).
+    `y = LayerNorm(h + FFN(h))`. Pre-LN (`normalize_first=True`):
+    `h = x + MultiHead(LayerNorm(x))`, `y = h + FFN(LayerNorm(h))`. Each head has size
+    `hidden_dim // num_heads` unless the configuration gives `head_dim`; `num_heads` must then
+    divide the input size (checked at build).
 
     Args:
 {args}
 
     Call arguments:
-        inputs: `(B, S, embed_dim)`.
+        inputs: `(B, S, hidden_dim)`.
         padding_mask: optional boolean `(B, S)`, True at real tokens. Defaults to the Keras
             implicit mask of `inputs`, if any. Padded positions are hidden as keys, and as
             queries they get a zero attention context.
@@ -41,11 +43,11 @@ class TransformerEncoderBlock(_TransformerBlock):
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, S, embed_dim)`; with `return_attention_scores=True` also the weights
+        `(B, S, hidden_dim)`; with `return_attention_scores=True` also the weights
         `(B, num_heads, S, S)`. The implicit mask of `inputs` passes through.
 
     Example:
-    >>> block = TransformerEncoderBlock(num_heads=2, ffn_dim=32)
+    >>> block = TransformerEncoderBlock(AttentionConfig(num_heads=2), intermediate_dim=32)
     >>> block(keras.ops.ones((2, 5, 16))).shape  # (2, 5, 16)
 
     References:
@@ -56,11 +58,11 @@ class TransformerEncoderBlock(_TransformerBlock):
 
     def build(self, inputs_shape):
         _check_embedded_shape("inputs", inputs_shape)
-        embed_dim = inputs_shape[-1]
-        self.self_attention = self._attention(embed_dim, "self_attention", causal=False)
+        hidden_dim = inputs_shape[-1]
+        self.self_attention = self._attention(hidden_dim, "self_attention", causal=False)
         self._build_attention(self.self_attention, inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
-        self.ffn = self._ffn(embed_dim, inputs_shape)
+        self.ffn = self._ffn(hidden_dim, inputs_shape)
         self.ffn_norm = self._norm("ffn", inputs_shape)
         self._build_residual_dropout()
 
@@ -88,13 +90,14 @@ class TransformerEncoderBlock(_TransformerBlock):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-@document_block(norm_first=False)
+@document_block(normalize_first=False)
 class TransformerDecoderBlock(_TransformerBlock):
     """One Transformer decoder block: causal self-attention, cross-attention, FFN.
 
     Post-LN (default): `h = LayerNorm(x + MultiHead(x, causal))`,
     `c = LayerNorm(h + MultiHead(h, encoder_outputs))`, `y = LayerNorm(c + FFN(c))`; pre-LN
-    (`norm_first=True`) normalizes each sublayer's input instead and adds the raw residual.
+    (`normalize_first=True`) normalizes each sublayer's input instead and adds the raw
+    residual.
     Source padding is hidden from the cross-attention.
 
     For decoding one token at a time, pass `self_attention_cache` (from
@@ -113,12 +116,12 @@ class TransformerDecoderBlock(_TransformerBlock):
         causal: bool, causal self-attention (each position sees itself and earlier ones).
             Defaults to `True`.
 
-        `sliding_window` and `position_encoding` apply to the self-attention only; the
-        cross-attention takes the kernel (`"local"` becomes `"dense"` there), the heads and
-        `num_key_value_heads`.
+        The configuration's `sliding_window` and `position_encoding` apply to the
+        self-attention only; the cross-attention takes the kernel (`"local"` becomes `"dense"`
+        there), the heads, `num_key_value_heads`, biases and soft-cap.
 
     Call arguments:
-        inputs: `(B, T, embed_dim)`, the embedded target.
+        inputs: `(B, T, hidden_dim)`, the embedded target.
         encoder_outputs: `(B, S, encoder_dim)`. May be None when `cross_attention_cache` is
             given.
         decoder_padding_mask: optional boolean `(B, T)`, True at real target tokens. Defaults
@@ -135,19 +138,20 @@ class TransformerDecoderBlock(_TransformerBlock):
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, T, embed_dim)`; then the updated `self_attention_cache` when one was given; then
+        `(B, T, hidden_dim)`; then the updated `self_attention_cache` when one was given; then
         the cross-attention weights `(B, num_heads, T, S)` when `return_attention_scores=True`.
 
     Example:
-    >>> block = TransformerDecoderBlock(num_heads=2, ffn_dim=32)
+    >>> block = TransformerDecoderBlock(2, intermediate_dim=32)  # 2 heads
     >>> block(keras.ops.ones((2, 4, 16)), keras.ops.ones((2, 6, 16))).shape  # (2, 4, 16)
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
     """
 
-    def __init__(self, num_heads: int, ffn_dim: int, causal: bool = True, **kwargs):
-        super().__init__(num_heads, ffn_dim, **kwargs)
+    def __init__(self, attention=None, intermediate_dim: int | None = None, *args,
+                 causal: bool = True, **kwargs):
+        super().__init__(attention, intermediate_dim, *args, **kwargs)
         check_bool("causal", causal)
         self.causal = causal
 
@@ -155,14 +159,14 @@ class TransformerDecoderBlock(_TransformerBlock):
         _check_embedded_shape("inputs", inputs_shape)
         encoder_outputs_shape = encoder_outputs_shape or inputs_shape
         _check_embedded_shape("encoder_outputs", encoder_outputs_shape)
-        embed_dim = inputs_shape[-1]
-        self.self_attention = self._attention(embed_dim, "self_attention", causal=self.causal)
+        hidden_dim = inputs_shape[-1]
+        self.self_attention = self._attention(hidden_dim, "self_attention", causal=self.causal)
         self._build_attention(self.self_attention, inputs_shape)
         self.self_attention_norm = self._norm("self_attention", inputs_shape)
-        self.cross_attention = self._attention(embed_dim, "cross_attention")
+        self.cross_attention = self._attention(hidden_dim, "cross_attention")
         self._build_attention(self.cross_attention, inputs_shape, encoder_outputs_shape)
         self.cross_attention_norm = self._norm("cross_attention", inputs_shape)
-        self.ffn = self._ffn(embed_dim, inputs_shape)
+        self.ffn = self._ffn(hidden_dim, inputs_shape)
         self.ffn_norm = self._norm("ffn", inputs_shape)
         self._build_residual_dropout()
 

@@ -10,56 +10,45 @@ kernel (`implementation`, `chunk_size`, `sliding_window`) reaches every block, a
 from __future__ import annotations
 
 import math
+import typing
 
 import keras
 from keras import ops
 
-from keras_attn._checks import check_bool, check_int, check_number
+from keras_attn._checks import check_int
+from keras_attn.layers import legacy
+from keras_attn.layers.activations import gated_name
 from keras_attn.layers.add_norm import make_norm
-from keras_attn.layers.base import check_positive_int, check_rate
-from keras_attn.layers.block_base import (
-    _get_activation,
-    _head_dim,
-    check_kernel_choice,
-    deprecated_window,
-    serialize_activation,
-)
+from keras_attn.layers.block_base import head_dim
+from keras_attn.layers.config import AttentionConfig, BlockConfig
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.quantization import QuantizedSublayers
 from keras_attn.tokens import PAD_ID
 
-STACK_ARGS_DOC = """        vocab_size: int, number of tokens.
+STACK_ARGS_DOC = """        vocabulary_size: int, number of tokens.
         num_layers: int, number of blocks.
-        embed_dim: int, model size `d`.
-        num_heads: int, attention heads per block; must divide `embed_dim`.
-        ffn_dim: int, hidden size of each block's FFN.
-        dropout: float in [0, 1), dropout after the embedding and in every block.
-            Defaults to `0.0`.
-        norm_first: bool, pre-LN blocks and a final norm. Defaults to `{norm_first}`.
-        activation: FFN activation (`"gelu_tanh"`, `"swiglu"`, `"geglu"` or a Keras one).
-            Defaults to `"{activation}"`.
-        epsilon: float, the norms' epsilon. Defaults to `1e-5`.
+        hidden_dim: int, model size `d`.
+        block: a `keras_attn.layers.BlockConfig` (or its config): every block's attention
+            (`AttentionConfig`: heads, positions, kernel, window ...), FFN, norms and dropout
+            (which the embedding takes too). With `normalize_first=True` a final norm closes
+            the stack.
+        pad_id: optional int, the padding id, hidden from every attention; `None`: no id is
+            padding (pass `padding_mask` to the call instead). Defaults to `0`.
         kernel_initializer: initializer of the dense kernels; every sublayer draws its own
             (`keras_attn.layers.initializers`). Defaults to `"glorot_uniform"`.
-        seed: optional int seed for the dropouts. Defaults to `None`.
-        implementation: the attention kernel of every block: `"dense"`, `"chunked"` (exact,
-            memory linear in the keys, no attention dropout) or `"local"` (with
-            `sliding_window`). Defaults to `"dense"`.
-        chunk_size: optional int, keys per block of the chunked kernel. Defaults to `None`.
-        sliding_window: optional int `w`, self-attention sees the keys at distance `< w`
-            (Keras' meaning; `attention_window=d`, deprecated, is `w = d + 1`). Defaults to
-            `None`.
-        pad_id: optional int, the padding id, hidden from every attention; `None`: no id is
-            padding (pass `padding_mask` to the call instead). Defaults to `0`."""
+        seed: optional int seed for the dropouts. Defaults to `None`."""
+
+LEGACY_DOC = """        The arguments of keras_attn 0.2 (`vocab_size`, `embed_dim`, `num_heads`, `ffn_dim`,
+        `dropout`, `norm_first`, `activation`, `epsilon`, `implementation`, ...) still make the
+        `block`, with a DeprecationWarning (`keras_attn.layers.legacy`)."""
 
 
-def document_stack(norm_first: bool = False, activation: str = "relu"):
+def document_stack(extra: str = ""):
     """A class decorator: the stack's docstring gets the shared `Args:` (its `{args}`)."""
 
     def decorate(cls):
-        cls.__doc__ = cls.__doc__.format(args=STACK_ARGS_DOC.format(
-            norm_first=norm_first, activation=activation))
+        cls.__doc__ = cls.__doc__.format(args=STACK_ARGS_DOC + extra + "\n\n" + LEGACY_DOC)
         return cls
 
     return decorate
@@ -73,93 +62,161 @@ def embeddings_initializer(kernel_initializer):
     return keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
 
 
+# The block arguments of keras_attn 0.2's stacks that kept their names.
+_LEGACY_BLOCK_ARGS = ("dropout", "activation", "norm")
+
+
+def legacy_block(kwargs: dict, owner: str, defaults: dict, warn: bool = True):
+    """The `BlockConfig` that keras_attn 0.2's flat stack arguments in `kwargs` describe
+    (popped), or None when there are none; `defaults` are the stack's earlier defaults.
+
+    Returns:
+        `(block, renamed)`: the block (or None) and the stack's own renamed arguments
+        (`vocabulary_size`, `hidden_dim`, `tie_word_embeddings`).
+    """
+    renamed, fields = legacy.take(kwargs, owner, warn)
+    flat = {name: kwargs.pop(name) for name in _LEGACY_BLOCK_ARGS if name in kwargs}
+    for name in ("intermediate_dim", "normalize_first", "layer_norm_epsilon", "use_bias"):
+        if name in renamed:
+            flat[name] = renamed.pop(name)
+    gated = renamed.pop("gated_ffn", False)
+    if not fields and not flat and not gated:
+        return None, renamed
+    given = dict(defaults)
+    attention = dict(given.pop("attention", {}), **fields)
+    given.update(flat)
+    if gated:
+        given["activation"] = gated_name(given.get("activation", "relu"))
+    if "intermediate_dim" not in given:
+        raise ValueError(f"{owner}: argument `intermediate_dim` (earlier `ffn_dim`) is "
+                         "required with the flat block arguments, or give `block`.")
+    return BlockConfig(attention=AttentionConfig(**attention), **given), renamed
+
+
+def builder_block(owner: str, kwargs: dict, attention, attention_defaults: dict,
+                  **block) -> BlockConfig:
+    """The `BlockConfig` of a model builder's keywords, made once.
+
+    Args:
+        owner: the builder's name, for messages.
+        kwargs: the builder's `**kwargs`: the attention fields in it (`num_key_value_heads`,
+            `implementation`, `sliding_window`, ...) and the block fields (`activation`,
+            `norm`, `use_bias`, ...) are popped, and keras_attn 0.2's names translated (with a
+            DeprecationWarning); what stays is the stacks' own (`kernel_initializer`, `seed`,
+            `pad_id`, and renamed `hidden_dim`, ... for the caller to pop).
+        attention: the builder's `attention` (an `AttentionConfig`, its dict, or None).
+        attention_defaults: the builder's own attention keywords (`num_heads`,
+            `position_encoding`) with their values; a value left at the builder's default
+            gives way to what `attention` says.
+        **block: the block fields the builder takes (with their values).
+    """
+    renamed, fields = legacy.take(kwargs, owner, fields_ok=True)
+    for name in ("intermediate_dim", "normalize_first", "layer_norm_epsilon", "use_bias"):
+        if name in renamed:
+            block[name] = renamed.pop(name)
+    for name in _LEGACY_BLOCK_ARGS + ("normalize_first", "layer_norm_epsilon", "use_bias"):
+        if name in kwargs:
+            block[name] = kwargs.pop(name)
+    if renamed.pop("gated_ffn", False):
+        block["activation"] = gated_name(block.get("activation", "relu"))
+    kwargs.update(renamed)  # the stacks' own renamed arguments (hidden_dim, ...)
+    said = None if attention is None else AttentionConfig.coerce(attention)
+    for name, (value, default) in attention_defaults.items():
+        if name in fields:
+            continue
+        if value == default and said is not None and getattr(said, name) is not None:
+            continue  # the builder's default gives way to the configuration
+        fields[name] = value
+    return BlockConfig(attention=AttentionConfig.merge(attention, **fields), **block)
+
+
 class _Stack(QuantizedSublayers, keras.layers.Layer):
     """Embedding -> blocks -> final norm -> head; the arguments every stack shares.
 
-    Subclasses set `block_class` (and `blocks_first`), and may override `_embedding`, `_head`,
-    `_block_kwargs` and `_norm_kind`.
+    Subclasses set `block_class` (and `blocks_first`, `legacy_defaults`), and may override
+    `_embedding`, `_head` and `_block_arguments`.
     """
 
     block_class: type = None
     # The order of `weights` (and of `get_weights()` lists) of keras_attn 0.1's stacks.
     blocks_first: bool = False
+    # keras_attn 0.2's defaults of the flat block arguments (`legacy_block`).
+    legacy_defaults: typing.ClassVar[dict] = {}
 
-    def __init__(self, vocab_size: int, num_layers: int, embed_dim: int, num_heads: int,
-                 ffn_dim: int, dropout: float = 0.0, norm_first: bool = False,
-                 activation="relu", epsilon: float = 1e-5, kernel_initializer="glorot_uniform",
-                 seed: int | None = None, implementation: str = "dense",
-                 chunk_size: int | None = None, sliding_window: int | None = None,
-                 pad_id: int | None = PAD_ID, **kwargs):
-        sliding_window = deprecated_window(kwargs.pop("attention_window", None), sliding_window)
+    def __init__(self, vocabulary_size: int | None = None, num_layers: int | None = None,
+                 hidden_dim: int | None = None, block: BlockConfig | None = None,
+                 pad_id: int | None = PAD_ID, kernel_initializer="glorot_uniform",
+                 seed: int | None = None, **kwargs):
+        defaults = kwargs.pop("_legacy_defaults", self.legacy_defaults)
+        legacy_given, renamed = legacy_block(kwargs, type(self).__name__, defaults,
+                                             warn=not kwargs.pop("_loading", False))
         super().__init__(**kwargs)
-        for name, value in (("vocab_size", vocab_size), ("num_layers", num_layers),
-                            ("embed_dim", embed_dim), ("num_heads", num_heads),
-                            ("ffn_dim", ffn_dim)):
-            check_positive_int(name, value)
-        check_rate("dropout", dropout)
-        check_bool("norm_first", norm_first)
-        check_number("epsilon", epsilon, 0, strict=True)
-        check_kernel_choice(implementation, chunk_size, sliding_window, dropout)
+        vocabulary_size = renamed.pop("vocabulary_size", vocabulary_size)
+        hidden_dim = renamed.pop("hidden_dim", hidden_dim)
+        self._legacy = renamed  # a subclass's renamed arguments (`tie_word_embeddings`, ...)
+        if legacy_given is not None:
+            if block is not None:
+                raise ValueError(
+                    f"{type(self).__name__}: give the blocks' options in `block` only, not "
+                    "also as arguments of keras_attn 0.2.")
+            block = legacy_given
+        if block is None:
+            raise ValueError("Argument `block` is required: a BlockConfig (attention, FFN, "
+                             "norms, dropout). Received: block=None")
+        for name, value in (("vocabulary_size", vocabulary_size), ("num_layers", num_layers),
+                            ("hidden_dim", hidden_dim)):
+            check_int(name, value, 1)
         check_int("pad_id", pad_id, 0, allow_none=True)
-        self.vocab_size, self.num_layers, self.embed_dim = vocab_size, num_layers, embed_dim
-        self.num_heads, self.ffn_dim, self.dropout = num_heads, ffn_dim, dropout
-        self.norm_first, self.epsilon = norm_first, epsilon
-        self.activation = _get_activation(activation)
+        check_int("seed", seed, 0, allow_none=True)
+        self.block = BlockConfig.coerce(block)
+        head_dim(hidden_dim, self.block.attention)  # heads divide the width, or a head_dim
+        self.vocabulary_size, self.num_layers = int(vocabulary_size), int(num_layers)
+        self.hidden_dim = int(hidden_dim)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.seed = seed
-        self.implementation, self.chunk_size = implementation, chunk_size
-        self.sliding_window, self.pad_id = sliding_window, pad_id
+        self.seed, self.pad_id = seed, pad_id
         self.supports_masking = True
+
+    # The block configuration's fields the stack reads, as attributes.
+    num_heads = property(lambda self: self.block.attention.num_heads)
+    dropout = property(lambda self: self.block.dropout)
+    normalize_first = property(lambda self: self.block.normalize_first)
 
     # ---- the parts ---------------------------------------------------------------------------
 
     def _assemble(self, embedding=None, head=None) -> None:
         """Create the parts (call at the end of the subclass' `__init__`)."""
-        self._check_heads()
-        blocks = [self.block_class(**self._block_kwargs(f"block_{i}"), name=f"block_{i}")
+        blocks = [self.block_class(config=self.block, **self._block_arguments(f"block_{i}"))
                   for i in range(self.num_layers)]
         if self.blocks_first:
             self.blocks = blocks
         self.embedding = embedding or self._embedding()
         self.final_norm = None
-        if self.norm_first:  # pre-LN leaves the residual stream unnormalized
-            self.final_norm = make_norm(self._norm_kind(), self.epsilon, "final_norm",
-                                        self.dtype_policy)
+        if self.normalize_first:  # pre-norm leaves the residual stream unnormalized
+            self.final_norm = make_norm(self.block.norm, self.block.layer_norm_epsilon,
+                                        "final_norm", self.dtype_policy)
         if not self.blocks_first:
             self.blocks = blocks
         self.head = head if head is not None else self._head()
-        if self.head is not None and self.head.tie_embeddings:
+        if self.head is not None and self.head.tie_word_embeddings:
             self.head.tie(self.embedding.token_embedding)
-
-    def _check_heads(self) -> None:
-        _head_dim(self.embed_dim, self.num_heads)
-
-    def _norm_kind(self) -> str:
-        return "layer"
 
     def _embedding(self) -> TokenEmbedding:
         """Vaswani et al.'s: token vectors · √d + the sinusoid table, then dropout."""
         return TokenEmbedding(
-            self.vocab_size, self.embed_dim, position="sinusoidal",
-            scale=math.sqrt(self.embed_dim), dropout=self.dropout, seed=self.seed,
+            self.vocabulary_size, self.hidden_dim, position="sinusoidal",
+            scale=math.sqrt(self.hidden_dim), dropout=self.dropout, seed=self.seed,
             embeddings_initializer=sublayer_initializer(
                 embeddings_initializer(self.kernel_initializer), "embedding"),
             name="embedding", dtype=self.dtype_policy)
 
     def _head(self) -> OutputHead | None:
-        return OutputHead(self.vocab_size, kernel_initializer=sublayer_initializer(
+        return OutputHead(self.vocabulary_size, kernel_initializer=sublayer_initializer(
             self.kernel_initializer, "head"), name="head", dtype=self.dtype_policy)
 
-    def _block_kwargs(self, name: str) -> dict:
-        return {
-            "num_heads": self.num_heads, "ffn_dim": self.ffn_dim, "dropout": self.dropout,
-            "norm_first": self.norm_first, "activation": self.activation,
-            "epsilon": self.epsilon,
-            "kernel_initializer": sublayer_initializer(self.kernel_initializer, name),
-            "seed": self.seed, "implementation": self.implementation,
-            "chunk_size": self.chunk_size, "sliding_window": self.sliding_window,
-            "dtype": self.dtype_policy,
-        }
+    def _block_arguments(self, name: str) -> dict:
+        """A block's own arguments besides the configuration."""
+        return {"kernel_initializer": sublayer_initializer(self.kernel_initializer, name),
+                "seed": self.seed, "name": name, "dtype": self.dtype_policy}
 
     def _build_parts(self, ids_shape, *block_shapes) -> tuple:
         """Build embedding, blocks, final norm and head; returns the embedded shape."""
@@ -167,7 +224,7 @@ class _Stack(QuantizedSublayers, keras.layers.Layer):
             raise ValueError(
                 "Argument `inputs` must be integer token ids of shape (batch_size, seq_len). "
                 f"Received: inputs.shape={tuple(ids_shape)}")
-        embedded = tuple(ids_shape) + (self.embed_dim,)
+        embedded = tuple(ids_shape) + (self.hidden_dim,)
         self.embedding.build(ids_shape)
         for block in self.blocks:
             block.build(embedded, *block_shapes)
@@ -220,13 +277,15 @@ class _Stack(QuantizedSublayers, keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({
-            "vocab_size": self.vocab_size, "num_layers": self.num_layers,
-            "embed_dim": self.embed_dim, "num_heads": self.num_heads, "ffn_dim": self.ffn_dim,
-            "dropout": self.dropout, "norm_first": self.norm_first,
-            "activation": serialize_activation(self.activation), "epsilon": self.epsilon,
+            "vocabulary_size": self.vocabulary_size, "num_layers": self.num_layers,
+            "hidden_dim": self.hidden_dim, "block": self.block.get_config(),
+            "pad_id": self.pad_id,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "seed": self.seed, "implementation": self.implementation,
-            "chunk_size": self.chunk_size, "sliding_window": self.sliding_window,
-            "pad_id": self.pad_id, "dtype": self.dtype_config(),
+            "seed": self.seed, "dtype": self.dtype_config(),
         })
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        # A config of keras_attn 0.2 (flat block arguments) loads without a warning.
+        return cls(**config, _loading=True)

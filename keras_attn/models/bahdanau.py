@@ -11,11 +11,15 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_attn.layers import legacy
 from keras_attn.layers.bahdanau import BahdanauCell, GRUFields
 from keras_attn.layers.base import check_positive_int
 from keras_attn.layers.dropout import Dropout
 from keras_attn.layers.quantization import QuantizedSublayers
 from keras_attn.tokens import PAD_ID
+
+# keras_attn 0.2's names.
+_RENAMED = {"vocab_size": "vocabulary_size", "embed_dim": "embedding_dim"}
 
 
 class _BahdanauStack(GRUFields, QuantizedSublayers, keras.layers.Layer):
@@ -24,18 +28,26 @@ class _BahdanauStack(GRUFields, QuantizedSublayers, keras.layers.Layer):
 
     def __init__(
         self,
-        vocab_size: int,
-        embed_dim: int,
-        units: int,
+        vocabulary_size: int | None = None,
+        embedding_dim: int | None = None,
+        units: int | None = None,
         num_layers: int = 1,
         dropout: float = 0.0,
         seed: int | None = None,
         **kwargs,
     ):
+        renamed = legacy.rename(kwargs, type(self).__name__, _RENAMED,
+                                warn=not kwargs.pop("_loading", False))
+        vocabulary_size = renamed.get("vocabulary_size", vocabulary_size)
+        embedding_dim = renamed.get("embedding_dim", embedding_dim)
         super().__init__(**kwargs)
-        self.set_gru_fields(units, num_layers, dropout, seed, vocab_size=vocab_size,
-                            embed_dim=embed_dim)
+        self.set_gru_fields(units, num_layers, dropout, seed, vocabulary_size=vocabulary_size,
+                            embedding_dim=embedding_dim)
         self.make_sublayers()
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config, _loading=True)  # keras_attn 0.2's names load without a warning
 
     def make_sublayers(self) -> None:
         raise NotImplementedError
@@ -54,8 +66,8 @@ class BahdanauEncoder(_BahdanauStack):
     last real token.
 
     Args:
-        vocab_size: int, size of the source vocabulary.
-        embed_dim: int, size of the token embeddings.
+        vocabulary_size: int, size of the source vocabulary.
+        embedding_dim: int, size of the token embeddings.
         units: int, size of the GRU states.
         num_layers: int, number of stacked GRU layers. Defaults to `1`.
         dropout: float in [0, 1), dropout between GRU layers (as in `torch.nn.GRU`), so it has no
@@ -72,7 +84,7 @@ class BahdanauEncoder(_BahdanauStack):
         list of `num_layers` tensors `(B, units)`, the final state of every layer.
 
     Example:
-    >>> encoder = BahdanauEncoder(vocab_size=10, embed_dim=8, units=16, num_layers=2)
+    >>> encoder = BahdanauEncoder(vocabulary_size=10, embedding_dim=8, units=16, num_layers=2)
     >>> outputs, states = encoder(keras.ops.array([[4, 5, 6, 0]]))  # (1, 4, 16), 2 x (1, 16)
 
     References:
@@ -82,7 +94,7 @@ class BahdanauEncoder(_BahdanauStack):
 
     def make_sublayers(self) -> None:
         self.embedding = keras.layers.Embedding(
-            self.vocab_size, self.embed_dim, mask_zero=True, name="embedding",
+            self.vocabulary_size, self.embedding_dim, mask_zero=True, name="embedding",
             dtype=self.dtype_policy)
         self.grus = [
             keras.layers.GRU(
@@ -102,11 +114,11 @@ class BahdanauEncoder(_BahdanauStack):
             )
         self.embedding.build(source_ids_shape)
         for i, gru in enumerate(self.grus):
-            gru.build(tuple(source_ids_shape) + (self.embed_dim if i == 0 else self.units,))
+            gru.build(tuple(source_ids_shape) + (self.embedding_dim if i == 0 else self.units,))
 
     def call(self, source_ids, training=None):
         mask = ops.not_equal(source_ids, PAD_ID)  # (B, S)
-        x = self.embedding(source_ids)  # (B, S, embed_dim)
+        x = self.embedding(source_ids)  # (B, S, embedding_dim)
         states = []
         for i, gru in enumerate(self.grus):
             if i > 0:
@@ -135,8 +147,8 @@ class BahdanauDecoder(_BahdanauStack):
     `init_decode_state` and `decode_step` run one step at a time for `keras_attn.decoding`.
 
     Args:
-        vocab_size: int, size of the target vocabulary.
-        embed_dim: int, size of the token embeddings.
+        vocabulary_size: int, size of the target vocabulary.
+        embedding_dim: int, size of the token embeddings.
         units: int, size of the GRU states and of the attention; must equal the encoder's.
         num_layers: int, number of stacked GRU cells; must equal the encoder's. Defaults to `1`.
         dropout: float in [0, 1), dropout between GRU cells, one mask per sequence (variational,
@@ -154,7 +166,7 @@ class BahdanauDecoder(_BahdanauStack):
         training: bool, whether dropout is active.
 
     Returns:
-        float32 logits `(B, T, vocab_size)`; with `return_attention_scores=True`, also the
+        float32 logits `(B, T, vocabulary_size)`; with `return_attention_scores=True`, also the
         weights `(B, T, S)` (row t' is α_{t'}; zero on masked source positions).
 
     Example:
@@ -172,14 +184,14 @@ class BahdanauDecoder(_BahdanauStack):
     def make_sublayers(self) -> None:
         policy = self.dtype_policy
         self.embedding = keras.layers.Embedding(
-            self.vocab_size, self.embed_dim, name="embedding", dtype=policy
+            self.vocabulary_size, self.embedding_dim, name="embedding", dtype=policy
         )
         cell = BahdanauCell(self.units, self.num_layers, self.dropout, self.seed, name="cell",
                             dtype=policy)
         self.rnn = keras.layers.RNN(cell, return_sequences=True, name="rnn", dtype=policy)
         # The vocabulary projection runs in the compute dtype and its logits are cast to
         # float32 (the Keras mixed-precision guide's advice: a mixed Dense, a float32 softmax).
-        self.output_dense = keras.layers.Dense(self.vocab_size, name="output_dense",
+        self.output_dense = keras.layers.Dense(self.vocabulary_size, name="output_dense",
                                                dtype=policy)
 
     @property
@@ -201,7 +213,7 @@ class BahdanauDecoder(_BahdanauStack):
                 f"encoder_outputs[1] shapes={states_shape}"
             )
         self.embedding.build(target_ids_shape)
-        self.rnn.build(tuple(target_ids_shape) + (self.embed_dim,))
+        self.rnn.build(tuple(target_ids_shape) + (self.embedding_dim,))
         self.output_dense.build((target_ids_shape[0], self.units))
 
     def call(
@@ -213,14 +225,14 @@ class BahdanauDecoder(_BahdanauStack):
         training=None,
     ):
         initial_state = self.cell.initial_state(encoder_outputs, source_mask)
-        embedded = self.embedding(target_ids)  # (B, T, embed_dim)
+        embedded = self.embedding(target_ids)  # (B, T, embedding_dim)
         if training:
             self.cell.draw_dropout_masks(ops.shape(target_ids)[0])
         try:
             outputs = self.rnn(embedded, initial_state=initial_state, training=training)  # (B,T,u)
         finally:
             self.cell.reset_dropout_masks()
-        logits = ops.cast(self.output_dense(outputs), "float32")  # (B, T, vocab_size)
+        logits = ops.cast(self.output_dense(outputs), "float32")  # (B, T, vocabulary_size)
         if not return_attention_scores:
             return logits
         # α_{t'} depends on s_{t'-1} only: score the states s_0..s_{T-1} in one batched call.
@@ -258,16 +270,16 @@ class BahdanauDecoder(_BahdanauStack):
                 Defaults to `False`.
 
         Returns:
-            `(logits, state, weights)`: float32 logits `(B, vocab_size)`, the next state, and
+            `(logits, state, weights)`: float32 logits `(B, vocabulary_size)`, the next state, and
             this step's attention weights `(B, S)` (None unless asked).
         """
-        y_prev = self.embedding(token_ids)  # (B, embed_dim)
+        y_prev = self.embedding(token_ids)  # (B, embedding_dim)
         output, states, weights = self.cell.step(y_prev, list(state["cell_states"]))
-        logits = ops.cast(self.output_dense(output), "float32")  # (B, vocab_size)
+        logits = ops.cast(self.output_dense(output), "float32")  # (B, vocabulary_size)
         return logits, {"cell_states": tuple(states)}, weights if return_attention else None
 
     def compute_output_shape(self, target_ids_shape, encoder_outputs_shape, source_mask_shape=None):
-        return tuple(target_ids_shape) + (self.vocab_size,)
+        return tuple(target_ids_shape) + (self.vocabulary_size,)
 
     def compute_output_spec(
         self,
@@ -277,7 +289,7 @@ class BahdanauDecoder(_BahdanauStack):
         return_attention_scores=False,
         training=None,
     ):
-        logits = keras.KerasTensor(tuple(target_ids.shape) + (self.vocab_size,), dtype="float32")
+        logits = keras.KerasTensor(tuple(target_ids.shape) + (self.vocabulary_size,), dtype="float32")
         if not return_attention_scores:
             return logits
         weights_shape = tuple(target_ids.shape) + (encoder_outputs[0].shape[1],)
@@ -287,23 +299,24 @@ class BahdanauDecoder(_BahdanauStack):
 
 
 def bahdanau_seq2seq(
-    source_vocab_size: int,
-    target_vocab_size: int,
-    embed_dim: int = 256,
+    source_vocabulary_size: int | None = None,
+    target_vocabulary_size: int | None = None,
+    embedding_dim: int = 256,
     units: int = 256,
     num_layers: int = 2,
     dropout: float = 0.2,
     seed: int | None = None,
     name: str = "bahdanau_seq2seq",
+    **kwargs,
 ) -> keras.Model:
     """GRU encoder-decoder with Bahdanau (additive) attention, trained with teacher forcing.
 
     The defaults are d2l's (section 11.4). Greedy and beam search: `keras_attn.decoding`.
 
     Args:
-        source_vocab_size: int, size of the source vocabulary (id 0 = padding).
-        target_vocab_size: int, size of the target vocabulary (id 0 = padding).
-        embed_dim: int, size of the token embeddings. Defaults to `256`.
+        source_vocabulary_size: int, size of the source vocabulary (id 0 = padding).
+        target_vocabulary_size: int, size of the target vocabulary (id 0 = padding).
+        embedding_dim: int, size of the token embeddings. Defaults to `256`.
         units: int, size of the GRU states and of the attention. Defaults to `256`.
         num_layers: int, GRU layers in the encoder and in the decoder. Defaults to `2`.
         dropout: float in [0, 1), dropout between GRU layers. Defaults to `0.2`.
@@ -312,11 +325,11 @@ def bahdanau_seq2seq(
 
     Returns:
         `keras.Model([source_ids (B, S), target_in_ids (B, T)], logits (B, T,
-        target_vocab_size))` (float32 logits) with layers named `"encoder"`
+        target_vocabulary_size))` (float32 logits) with layers named `"encoder"`
         (`BahdanauEncoder`) and `"decoder"` (`BahdanauDecoder`).
 
     Example:
-    >>> model = bahdanau_seq2seq(100, 120, embed_dim=32, units=32, num_layers=1)
+    >>> model = bahdanau_seq2seq(100, 120, embedding_dim=32, units=32, num_layers=1)
     >>> model.compile("adam", loss=keras_attn.metrics.masked_sparse_categorical_crossentropy)
     >>> model.fit((source_ids, target_in_ids), target_out_ids)
 
@@ -324,12 +337,20 @@ def bahdanau_seq2seq(
         Bahdanau et al., 2015, "Neural Machine Translation by Jointly Learning to Align and
         Translate", https://arxiv.org/abs/1409.0473
     """
-    check_positive_int("source_vocab_size", source_vocab_size)
-    check_positive_int("target_vocab_size", target_vocab_size)
-    sizes = {"embed_dim": embed_dim, "units": units, "num_layers": num_layers,
+    renamed = legacy.rename(kwargs, "bahdanau_seq2seq", {
+        "source_vocab_size": "source_vocabulary_size",
+        "target_vocab_size": "target_vocabulary_size", "embed_dim": "embedding_dim"})
+    if kwargs:
+        raise TypeError(f"bahdanau_seq2seq() got unexpected keyword arguments {sorted(kwargs)}")
+    source_vocabulary_size = renamed.get("source_vocabulary_size", source_vocabulary_size)
+    target_vocabulary_size = renamed.get("target_vocabulary_size", target_vocabulary_size)
+    embedding_dim = renamed.get("embedding_dim", embedding_dim)
+    check_positive_int("source_vocabulary_size", source_vocabulary_size)
+    check_positive_int("target_vocabulary_size", target_vocabulary_size)
+    sizes = {"embedding_dim": embedding_dim, "units": units, "num_layers": num_layers,
              "dropout": dropout, "seed": seed}
-    encoder = BahdanauEncoder(source_vocab_size, **sizes, name="encoder")
-    decoder = BahdanauDecoder(target_vocab_size, **sizes, name="decoder")
+    encoder = BahdanauEncoder(source_vocabulary_size, **sizes, name="encoder")
+    decoder = BahdanauDecoder(target_vocabulary_size, **sizes, name="decoder")
     source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
     target_in_ids = keras.Input(shape=(None,), dtype="int32", name="target_in_ids")
     source_mask = keras.ops.not_equal(source_ids, PAD_ID)  # (B, S), True = real token

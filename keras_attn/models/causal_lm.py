@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import keras
 
+from keras_attn.layers.config import AttentionConfig
+from keras_attn.models.assembly import builder_block
 from keras_attn.models.decoder_only import TransformerDecoderOnly
+
+# The attention positions (a name or a position layer); "sinusoidal" and "learned" are added
+# to the token embeddings instead.
+_EMBEDDED = ("sinusoidal", "learned")
 
 
 def causal_lm(
-    vocab_size: int,
+    vocabulary_size: int | None = None,
     num_layers: int = 2,
-    embed_dim: int = 128,
+    hidden_dim: int = 128,
     num_heads: int = 4,
-    ffn_dim: int = 512,
+    intermediate_dim: int = 512,
     dropout: float = 0.0,
     position_encoding="rope",
-    max_length: int | None = None,
-    num_key_value_heads: int | None = None,
-    norm: str = "rms",
-    activation="swiglu",
-    tie_embeddings: bool = False,
-    implementation: str = "dense",
-    chunk_size: int | None = None,
-    sliding_window: int | None = None,
+    max_sequence_length: int | None = None,
+    tie_word_embeddings: bool = False,
+    attention: AttentionConfig | None = None,
     name: str = "causal_lm",
     **kwargs,
 ) -> keras.Model:
@@ -33,52 +34,59 @@ def causal_lm(
     `TransformerDecoderOnly`), so `keras_attn.decoding.generate` decodes it with its static
     cache. The defaults make a small LLaMA-style model (RoPE, RMSNorm, SwiGLU, pre-norm); GPT-2
     style is `position_encoding="learned", norm="layer", activation="gelu_tanh",
-    tie_embeddings=True`. `implementation="chunked"` trains long sequences in memory linear in
-    their length (exact attention; `dropout=0`).
+    tie_word_embeddings=True`. `implementation="chunked"` trains long sequences in memory
+    linear in their length (exact attention; `dropout=0`).
 
     Args:
-        vocab_size: int, number of tokens.
+        vocabulary_size: int, number of tokens.
         num_layers: int. Defaults to `2`.
-        embed_dim: int, model size. Defaults to `128`.
-        num_heads: int, attention heads; must divide `embed_dim`. Defaults to `4`.
-        ffn_dim: int, hidden size of the FFNs. Defaults to `512`.
+        hidden_dim: int, model size. Defaults to `128`.
+        num_heads: int, attention heads; must divide `hidden_dim` unless `head_dim` is given.
+            Defaults to `4` (or `attention.num_heads`).
+        intermediate_dim: int, hidden size of the FFNs. Defaults to `512`.
         dropout: float in [0, 1). Defaults to `0.0`.
-        position_encoding: `"rope"`, `"alibi"`, `"relative"`, `"sinusoidal"`, `"learned"`, or
-            a position layer (e.g. `RotaryEmbedding(max_wavelength=500000)`).
-            Defaults to `"rope"`.
-        max_length: optional int, the longest sequence (required by `"learned"`).
+        position_encoding: `"rope"`, `"alibi"`, `"relative"` or a position layer (e.g.
+            `RotaryEmbedding(max_wavelength=500000)`) inside the attention, or `"sinusoidal"`,
+            `"learned"` added to the embeddings, or None. Defaults to `"rope"`.
+        max_sequence_length: optional int, the longest sequence (required by `"learned"`).
             Defaults to `None`.
-        num_key_value_heads: optional int, grouped-query attention (1 = multi-query).
-            Defaults to `None`.
-        norm: `"rms"` or `"layer"`. Defaults to `"rms"`.
-        activation: FFN activation (`"swiglu"`, `"geglu"`, `"gelu_tanh"`, or any Keras
-            activation). Defaults to `"swiglu"`.
-        tie_embeddings: bool, the vocabulary projection is the transposed token embedding.
-            Defaults to `False`.
-        implementation: the attention kernel, `"dense"`, `"chunked"` or `"local"` (with
-            `sliding_window`). Defaults to `"dense"`.
-        chunk_size: optional int, keys per block of the chunked kernel. Defaults to `None`.
-        sliding_window: optional int, each token sees the `sliding_window` latest tokens
-            (itself included; Mistral's meaning). Defaults to `None`.
+        tie_word_embeddings: bool, the vocabulary projection is the transposed token
+            embedding. Defaults to `False`.
+        attention: optional `AttentionConfig`; its fields may also be given here as keywords
+            (`num_key_value_heads`, `head_dim`, `implementation`, `chunk_size`,
+            `sliding_window`, `soft_cap`, ...). Defaults to `None`.
         name: str, the model's name. Defaults to `"causal_lm"`.
-        **kwargs: further `TransformerDecoderOnly` arguments (`norm_first`, `epsilon`,
-            `head_dim`, `use_bias`, `pad_id`, `kernel_initializer`, `seed`, ...).
+        **kwargs: the attention fields above; the block's `activation` (default
+            `"swiglu"`), `norm` (`"rms"`), `normalize_first` (True), `layer_norm_epsilon`,
+            `use_bias` (a bool, or the attention projections with a bias: Qwen2's
+            `("query", "key", "value")`); the stack's `pad_id`, `kernel_initializer`, `seed`.
 
     Returns:
-        `keras.Model(token_ids (B, T) int32 -> logits (B, T, vocab_size) float32)`.
+        `keras.Model(token_ids (B, T) int32 -> logits (B, T, vocabulary_size) float32)`.
 
     Example:
-    >>> model = causal_lm(1000, num_layers=2, embed_dim=64, num_heads=4, ffn_dim=128,
+    >>> model = causal_lm(1000, num_layers=2, hidden_dim=64, num_heads=4, intermediate_dim=128,
     ...                   num_key_value_heads=2)
     >>> model.compile("adam", keras_attn.metrics.MaskedSequenceLoss())
     >>> tokens = keras_attn.decoding.generate(model, prompt_ids, max_length=64)
     """
+    if "max_length" in kwargs:  # keras_attn 0.2's name of the position table
+        max_sequence_length = kwargs.pop("max_length")
+    embedded = position_encoding if isinstance(position_encoding, str) and (
+        position_encoding in _EMBEDDED) else None
+    block = builder_block(
+        "causal_lm", kwargs, attention,
+        {"num_heads": (num_heads, 4),
+         "position_encoding": (None if embedded else position_encoding, "rope")},
+        intermediate_dim=intermediate_dim, dropout=dropout, activation="swiglu", norm="rms",
+        normalize_first=True)
+    vocabulary_size = kwargs.pop("vocabulary_size", vocabulary_size)
+    hidden_dim = kwargs.pop("hidden_dim", hidden_dim)
+    tie_word_embeddings = kwargs.pop("tie_word_embeddings", tie_word_embeddings)
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
     decoder = TransformerDecoderOnly(
-        vocab_size, num_layers, embed_dim, num_heads, ffn_dim, dropout=dropout,
-        position_encoding=position_encoding, max_length=max_length,
-        num_key_value_heads=num_key_value_heads, norm=norm, activation=activation,
-        tie_embeddings=tie_embeddings, implementation=implementation, chunk_size=chunk_size,
-        sliding_window=sliding_window, name="decoder", **kwargs,
+        vocabulary_size, num_layers, hidden_dim, block, position_embedding=embedded,
+        max_sequence_length=max_sequence_length, tie_word_embeddings=tie_word_embeddings,
+        name="decoder", **kwargs,
     )
     return keras.Model(token_ids, decoder(token_ids), name=name)

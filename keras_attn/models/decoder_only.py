@@ -8,54 +8,49 @@ import math
 import keras
 from keras import ops
 
-from keras_attn._checks import check_bool, check_one_of
-from keras_attn.layers.add_norm import NORMS
-from keras_attn.layers.base import check_positive_int
-from keras_attn.layers.block_base import _position_config, check_use_bias, has_bias
+from keras_attn._checks import check_bool, check_int, check_one_of
+from keras_attn.layers.config import AttentionConfig, BlockConfig  # noqa: F401 - examples
 from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.models.assembly import _Stack, document_stack, embeddings_initializer
-from keras_attn.tokens import PAD_ID
 from keras_attn.tuning import in_xla_context
 
-POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative")
+# Positions added to the token embeddings (those inside the attention are the block's
+# `attention.position_encoding`).
+POSITION_EMBEDDINGS = (None, "sinusoidal", "learned")
+# keras_attn 0.2's defaults of the flat block arguments (LLaMA-style).
+_LEGACY_DEFAULTS = {"activation": "swiglu", "norm": "rms", "normalize_first": True,
+                    "attention": {"position_encoding": "rope"}}
+
+DECODER_ONLY_ARGS_DOC = """
+        position_embedding: None, `"sinusoidal"` (embeddings · √d + the sinusoid table) or
+            `"learned"` (a table of `max_sequence_length` rows, GPT-2): positions added to the
+            token embeddings; positions inside the attention (`"rope"`, `"alibi"`,
+            `"relative"`) are `block.attention.position_encoding`. Defaults to `None`.
+        max_sequence_length: optional int, the rows of the `"learned"` table (required there)
+            and the longest decoding cache. Defaults to `None`.
+        tie_word_embeddings: bool, logits from the token table (no bias); else a dense head,
+            with a bias when `block.use_bias`. Defaults to `False`."""
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-@document_stack(norm_first=True, activation="swiglu")
+@document_stack(DECODER_ONLY_ARGS_DOC)
 class TransformerDecoderOnly(_Stack):
     """A decoder-only Transformer: token embeddings, positions, N blocks, vocabulary logits.
 
-    Positions (`position_encoding`): `"sinusoidal"` (embeddings · √d + the sinusoid table),
-    `"learned"` (a table of `max_length` rows, GPT-2), or `"rope"`, `"alibi"`, `"relative"`
-    inside every block's attention; a `RotaryEmbedding` (or `AlibiBias`,
-    `RelativePositionBias`) layer sets their options (LLaMA's `max_wavelength`). With
-    `tie_embeddings=True` the vocabulary projection is the transposed token table (without
-    bias), else a dense layer (with a bias when `use_bias`). The logits are float32 under
-    mixed precision. GPT-2: `position_encoding="learned", norm="layer", activation="gelu_tanh",
-    tie_embeddings=True`; LLaMA: the defaults with `use_bias=False`.
+    Every block is causal self-attention and an FFN (`TransformerDecoderOnlyBlock`); the
+    logits are float32 under mixed precision. GPT-2: `position_embedding="learned",
+    tie_word_embeddings=True` with a `block` of `norm="layer", activation="gelu_tanh",
+    normalize_first=True`; LLaMA: rotary positions in the attention
+    (`AttentionConfig(position_encoding="rope", use_bias=False, num_key_value_heads=...)`),
+    `norm="rms", activation="swiglu", normalize_first=True, use_bias=False`.
 
     It keeps the decoding contract of `keras_attn.decoding.contract.Decoder`:
     `init_decode_state(batch_size, max_length)` preallocates one key/value cache per block.
 
     Args:
 {args}
-        position_encoding: `"sinusoidal"`, `"learned"`, `"rope"`, `"alibi"`, `"relative"`, or
-            a position layer (see above). Defaults to `"rope"`.
-        max_length: optional int, the positions `"learned"` embeds (required there) and the
-            longest decoding cache. Defaults to `None`.
-        num_key_value_heads: optional int, grouped-query attention. Defaults to `None`.
-        norm: `"layer"` or `"rms"`. Defaults to `"rms"`.
-        tie_embeddings: bool, logits from the token table. Defaults to `False`.
-        head_dim: optional int, the size of each attention head. Defaults to
-            `embed_dim // num_heads`.
-        use_bias: bool, biases in the attention and FFN projections and the untied head; or
-            the names of the parts with one: attention projections (Qwen2: `("query",
-            "key", "value")`), `"ffn"` and `"head"` (the untied head); the others then
-            without. Defaults to `True`.
-        gated_ffn: bool, gate the FFN with `activation` (`act(x W_g) ⊙ (x W_1)`; `"swiglu"`
-            is gated anyway). Defaults to `False`.
 
     Call arguments:
         inputs: integer token ids `(B, T)`.
@@ -70,7 +65,10 @@ class TransformerDecoderOnly(_Stack):
         `return_attention_scores=True` also the weights `(B, num_layers, num_heads, T, T)`.
 
     Example:
-    >>> lm = TransformerDecoderOnly(100, num_layers=2, embed_dim=32, num_heads=4, ffn_dim=64)
+    >>> block = BlockConfig(AttentionConfig(num_heads=4, position_encoding="rope"),
+    ...                     intermediate_dim=64, activation="swiglu", norm="rms",
+    ...                     normalize_first=True)
+    >>> lm = TransformerDecoderOnly(100, num_layers=2, hidden_dim=32, block=block)
     >>> lm(keras.ops.array([[2, 9, 4]])).shape  # (1, 3, 100)
 
     References:
@@ -81,47 +79,36 @@ class TransformerDecoderOnly(_Stack):
     block_class = TransformerDecoderOnlyBlock
     blocks_first = True
 
-    def __init__(self, vocab_size: int, num_layers: int, embed_dim: int, num_heads: int,
-                 ffn_dim: int, dropout: float = 0.0, position_encoding="rope",
-                 max_length: int | None = None, num_key_value_heads: int | None = None,
-                 norm: str = "rms", activation="swiglu", norm_first: bool = True,
-                 tie_embeddings: bool = False, head_dim: int | None = None,
-                 use_bias: bool = True, pad_id: int | None = PAD_ID, gated_ffn: bool = False,
-                 **kwargs):
-        super().__init__(vocab_size, num_layers, embed_dim, num_heads, ffn_dim,
-                         dropout=dropout, norm_first=norm_first, activation=activation,
-                         pad_id=pad_id, **kwargs)
-        if isinstance(position_encoding, str):
-            check_one_of("position_encoding", position_encoding, POSITIONS)
-        else:
-            position_encoding = _position_config(position_encoding)
-        check_positive_int("max_length", max_length,
-                           allow_none=position_encoding != "learned")
-        check_one_of("norm", norm, NORMS)
-        check_bool("tie_embeddings", tie_embeddings)
-        check_positive_int("head_dim", head_dim, allow_none=True)
-        use_bias = check_use_bias(use_bias)
-        check_bool("gated_ffn", gated_ffn)
-        self.gated_ffn = gated_ffn
-        self.position_encoding, self.max_length = position_encoding, max_length
-        self.num_key_value_heads, self.norm = num_key_value_heads, norm
-        self.tie_embeddings, self.head_dim, self.use_bias = tie_embeddings, head_dim, use_bias
+    def __init__(self, vocabulary_size: int | None = None, num_layers: int | None = None,
+                 hidden_dim: int | None = None, block: BlockConfig | None = None,
+                 position_embedding: str | None = None, max_sequence_length: int | None = None,
+                 tie_word_embeddings: bool = False, **kwargs):
+        # keras_attn 0.2 named the embedding's positions `position_encoding` too, and the
+        # table's length `max_length`.
+        legacy_defaults = dict(_LEGACY_DEFAULTS)
+        if kwargs.get("position_encoding") in ("sinusoidal", "learned"):
+            position_embedding = kwargs.pop("position_encoding")
+            legacy_defaults["attention"] = {}
+        if "max_length" in kwargs:
+            max_sequence_length = kwargs.pop("max_length")
+        super().__init__(vocabulary_size, num_layers, hidden_dim, block,
+                         _legacy_defaults=legacy_defaults, **kwargs)
+        tie_word_embeddings = self._legacy.pop("tie_word_embeddings", tie_word_embeddings)
+        check_one_of("position_embedding", position_embedding, POSITION_EMBEDDINGS)
+        check_int("max_sequence_length", max_sequence_length, 1,
+                  allow_none=position_embedding != "learned")
+        check_bool("tie_word_embeddings", tie_word_embeddings)
+        self.position_embedding = position_embedding
+        self.max_sequence_length = max_sequence_length
+        self.tie_word_embeddings = tie_word_embeddings
         self._assemble()
 
-    def _check_heads(self) -> None:
-        if self.head_dim is None:
-            super()._check_heads()
-
-    def _norm_kind(self) -> str:
-        return self.norm
-
     def _embedding(self) -> TokenEmbedding:
-        position = (self.position_encoding
-                    if self.position_encoding in ("sinusoidal", "learned") else None)
+        position = self.position_embedding
         return TokenEmbedding(
-            self.vocab_size, self.embed_dim, position=position,
-            sequence_length=self.max_length if position == "learned" else None,
-            scale=math.sqrt(self.embed_dim) if position == "sinusoidal" else None,
+            self.vocabulary_size, self.hidden_dim, position=position,
+            max_sequence_length=self.max_sequence_length if position == "learned" else None,
+            scale=math.sqrt(self.hidden_dim) if position == "sinusoidal" else None,
             dropout=self.dropout, seed=self.seed,
             embeddings_initializer=sublayer_initializer(
                 embeddings_initializer(self.kernel_initializer), "embedding"),
@@ -129,17 +116,10 @@ class TransformerDecoderOnly(_Stack):
 
     def _head(self) -> OutputHead:
         return OutputHead(
-            self.vocab_size, tie_embeddings=self.tie_embeddings,
-            use_bias=has_bias(self.use_bias, "head") and not self.tie_embeddings,
+            self.vocabulary_size, tie_word_embeddings=self.tie_word_embeddings,
+            use_bias=self.block.use_bias and not self.tie_word_embeddings,
             kernel_initializer=sublayer_initializer(self.kernel_initializer, "head"),
             name="head", dtype=self.dtype_policy)
-
-    def _block_kwargs(self, name: str) -> dict:
-        in_attention = self.position_encoding not in ("sinusoidal", "learned")
-        return dict(super()._block_kwargs(name), norm=self.norm,
-                    num_key_value_heads=self.num_key_value_heads,
-                    position_encoding=self.position_encoding if in_attention else None,
-                    head_dim=self.head_dim, use_bias=self.use_bias, gated_ffn=self.gated_ffn)
 
     def build(self, inputs_shape, padding_mask_shape=None):
         self._build_parts(inputs_shape)
@@ -173,11 +153,11 @@ class TransformerDecoderOnly(_Stack):
 
     def init_decode_state(self, batch_size, max_length: int) -> dict:
         """`{"cache": one (k, v) per block}`, each `(B, H_kv, max_length, head_dim)`, zeros."""
-        check_positive_int("max_length", max_length)
-        if self.max_length is not None and max_length > self.max_length:
+        check_int("max_length", max_length, 1)
+        if self.max_sequence_length is not None and max_length > self.max_sequence_length:
             raise ValueError(
-                f"Argument `max_length` must be at most the model's max_length="
-                f"{self.max_length}. Received: max_length={max_length}"
+                f"Argument `max_length` must be at most the model's max_sequence_length="
+                f"{self.max_sequence_length}. Received: max_length={max_length}"
             )
         return {"cache": tuple(block.init_cache(batch_size, max_length)
                                for block in self.blocks)}
@@ -234,7 +214,7 @@ class TransformerDecoderOnly(_Stack):
         head = self.head
         table = getattr(head, "token_embedding", None)
         if (keras.backend.backend() != "tensorflow" or in_xla_context()
-                or not self.tie_embeddings or getattr(head, "transform_dense", None) is not None
+                or not self.tie_word_embeddings or getattr(head, "transform_dense", None) is not None
                 or table is None or table.quantization_mode is not None
                 or table.reverse_dtype is not None or table.logit_soft_cap is not None):
             return self._logits(x)
@@ -242,17 +222,17 @@ class TransformerDecoderOnly(_Stack):
         rows = ops.reshape(h, (-1, ops.shape(h)[-1]))  # (B·T, d)
         embeddings = ops.cast(table.embeddings, rows.dtype)  # (V, d)
         logits = ops.transpose(ops.matmul(embeddings, ops.transpose(rows)))  # (B·T, V)
-        logits = ops.reshape(logits, tuple(ops.shape(h)[:-1]) + (self.vocab_size,))
+        logits = ops.reshape(logits, tuple(ops.shape(h)[:-1]) + (self.vocabulary_size,))
         if head.bias is not None:
             logits = logits + ops.cast(head.bias, logits.dtype)
         return ops.cast(logits, "float32")  # (B, T, V)
 
     def compute_output_shape(self, inputs_shape, padding_mask_shape=None):
-        return tuple(inputs_shape) + (self.vocab_size,)
+        return tuple(inputs_shape) + (self.vocabulary_size,)
 
     def compute_output_spec(self, inputs, padding_mask=None, return_attention_scores=False,
                             training=None):
-        logits = keras.KerasTensor(tuple(inputs.shape) + (self.vocab_size,), dtype="float32")
+        logits = keras.KerasTensor(tuple(inputs.shape) + (self.vocabulary_size,), dtype="float32")
         if not return_attention_scores:
             return logits
         weights = (inputs.shape[0], self.num_layers, self.num_heads, inputs.shape[1],
@@ -262,10 +242,8 @@ class TransformerDecoderOnly(_Stack):
     def get_config(self):
         config = super().get_config()
         config.update({
-            "position_encoding": self.position_encoding, "max_length": self.max_length,
-            "num_key_value_heads": self.num_key_value_heads, "norm": self.norm,
-            "tie_embeddings": self.tie_embeddings, "head_dim": self.head_dim,
-            "gated_ffn": self.gated_ffn, "use_bias": self.use_bias if isinstance(self.use_bias, bool) else list(
-                self.use_bias),
+            "position_embedding": self.position_embedding,
+            "max_sequence_length": self.max_sequence_length,
+            "tie_word_embeddings": self.tie_word_embeddings,
         })
         return config

@@ -17,23 +17,22 @@ import keras
 import numpy as np
 
 from keras_attn._checks import check_number, check_positive_int
+from keras_attn.layers.config import AttentionConfig
 from keras_attn.models.cmlm import CMLMDecoder, LengthPredictor
-from keras_attn.models.transformer import TransformerEncoder
+from keras_attn.models.transformer import seq2seq_stacks
 
 
 def nat_seq2seq(
-    source_vocab_size: int,
-    target_vocab_size: int,
+    source_vocabulary_size: int | None = None,
+    target_vocabulary_size: int | None = None,
     num_layers: int = 2,
-    embed_dim: int = 128,
+    hidden_dim: int = 128,
     num_heads: int = 4,
-    ffn_dim: int = 512,
+    intermediate_dim: int = 512,
     dropout: float = 0.1,
     max_target_length: int | None = None,
-    norm_first: bool = False,
-    implementation: str = "dense",
-    chunk_size: int | None = None,
-    sliding_window: int | None = None,
+    normalize_first: bool = False,
+    attention: AttentionConfig | None = None,
     name: str = "nat_seq2seq",
     **kwargs,
 ) -> keras.Model:
@@ -48,38 +47,37 @@ def nat_seq2seq(
     `"length_predictor"` (`LengthPredictor`), which `keras_attn.decoding.mask_predict` calls.
 
     Ids: source and target ids are those of the data's vocabularies (0 = padding); the decoder
-    also reads `<mask>`, id `target_vocab_size` (outside the vocabulary). The token logits
+    also reads `<mask>`, id `target_vocabulary_size` (outside the vocabulary). The token logits
     never pick padding, `<bos>`, `<eos>` (logit -1e9) or `<mask>` (no column).
 
     Args:
-        source_vocab_size: int, number of source ids.
-        target_vocab_size: int, number of target ids (size of the token logits).
+        source_vocabulary_size: int, number of source ids.
+        target_vocabulary_size: int, number of target ids (size of the token logits).
         num_layers: int, blocks in the encoder and in the decoder. Defaults to `2`.
-        embed_dim: int, model size `d`. Defaults to `128`.
-        num_heads: int, attention heads; must divide `embed_dim`. Defaults to `4`.
-        ffn_dim: int, hidden size of the feed-forward networks. Defaults to `512`.
+        hidden_dim: int, model size `d`. Defaults to `128`.
+        num_heads: int, attention heads; must divide `hidden_dim`. Defaults to `4`.
+        intermediate_dim: int, hidden size of the feed-forward networks. Defaults to `512`.
         dropout: float in [0, 1). Defaults to `0.1`.
         max_target_length: int, required: the most target tokens (e.g.
             `TranslationData.target_length`); length classes are `0..max_target_length`.
-        norm_first: bool, pre-LN blocks instead of post-LN. Defaults to `False`.
-        implementation: the attention kernel, `"dense"`, `"chunked"` (needs `dropout=0`) or
-            `"local"` (with `sliding_window`). Defaults to `"dense"`.
-        chunk_size: optional int, keys per block of the chunked kernel. Defaults to `None`.
-        sliding_window: optional int, self-attention sees the keys at distance
-            `< sliding_window`. Defaults to `None`.
+        normalize_first: bool, pre-LN blocks instead of post-LN. Defaults to `False`.
+        attention: optional `AttentionConfig` of both stacks; its fields may also be given
+            here as keywords (`implementation`, `chunk_size`, `sliding_window`, ...), as
+            `transformer_seq2seq` takes them. Defaults to `None`.
         name: str, the model name. Defaults to `"nat_seq2seq"`.
-        **kwargs: further arguments of both stacks (`activation`, `epsilon`,
-            `kernel_initializer`, `seed`, `pad_id`), as `transformer_seq2seq` takes them.
+        **kwargs: the attention fields; the blocks' `activation`, `norm`,
+            `layer_norm_epsilon`, `use_bias`; the stacks' `kernel_initializer`, `seed`,
+            `pad_id`, as `transformer_seq2seq` takes them.
 
     Returns:
         An uncompiled `keras.Model` with inputs `source_ids` `(B, S)` and `masked_target_ids`
         `(B, T)` (int32, `T <= max_target_length`) and outputs float32
-        `token_logits` `(B, T, target_vocab_size)` and `length_logits`
+        `token_logits` `(B, T, target_vocabulary_size)` and `length_logits`
         `(B, max_target_length + 1)`.
 
     Example:
-    >>> model = nat_seq2seq(100, 120, num_layers=1, embed_dim=32, num_heads=4, ffn_dim=64,
-    ...                     max_target_length=8)
+    >>> model = nat_seq2seq(100, 120, num_layers=1, hidden_dim=32, num_heads=4,
+    ...                     intermediate_dim=64, max_target_length=8)
     >>> compile_cmlm(model, "adam")
     >>> tokens, length = model([keras.ops.array([[5, 6, 0]]),
     ...                         keras.ops.array([[120, 7, 120, 0, 0, 0, 0, 0]])])
@@ -89,20 +87,16 @@ def nat_seq2seq(
         Ghazvininejad et al., 2019, "Mask-Predict", https://arxiv.org/abs/1904.09324
     """
     check_positive_int("max_target_length", max_target_length)
-    stack_kwargs = {
-        "num_layers": num_layers,
-        "embed_dim": embed_dim,
-        "num_heads": num_heads,
-        "ffn_dim": ffn_dim,
-        "dropout": dropout,
-        "norm_first": norm_first,
-        "implementation": implementation,
-        "chunk_size": chunk_size,
-        "sliding_window": sliding_window,
-        **kwargs,
-    }
-    encoder = TransformerEncoder(source_vocab_size, **stack_kwargs, name="encoder")
-    decoder = CMLMDecoder(target_vocab_size, **stack_kwargs, name="decoder")
+    # One initializer per stack as transformer_seq2seq makes them: these stacks draw from the
+    # given initializer as they are (the NAT's weights of keras_attn 0.2 stay reproducible).
+    kernel_initializer = kwargs.pop("kernel_initializer", None)
+    own = {} if kernel_initializer is None else {"kernel_initializer": kernel_initializer}
+    encoder, decoder = seq2seq_stacks("nat_seq2seq", CMLMDecoder, dict(kwargs, **own), {
+        "source_vocabulary_size": source_vocabulary_size,
+        "target_vocabulary_size": target_vocabulary_size, "num_layers": num_layers,
+        "hidden_dim": hidden_dim, "num_heads": num_heads, "intermediate_dim": intermediate_dim,
+        "dropout": dropout, "normalize_first": normalize_first, "attention": attention},
+        per_stack_initializer=False)
     length_predictor = LengthPredictor(max_target_length, name="length_predictor")
     source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
     masked_target_ids = keras.Input(shape=(None,), dtype="int32", name="masked_target_ids")

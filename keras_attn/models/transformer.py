@@ -7,13 +7,14 @@ import keras
 from keras import ops
 
 from keras_attn.layers.base import check_positive_int
+from keras_attn.layers.config import AttentionConfig, BlockConfig
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.transformer_blocks import (
     TransformerDecoderBlock,
     TransformerEncoderBlock,
 )
-from keras_attn.models.assembly import _Stack, document_stack
+from keras_attn.models.assembly import _Stack, builder_block, document_stack
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -22,14 +23,14 @@ class TransformerEncoder(_Stack):
     """Transformer encoder: token embedding · √d + sinusoidal positions + dropout, N blocks.
 
     Padding (`pad_id`, or the call's `padding_mask`) is hidden from every self-attention, and
-    the output carries it as the Keras implicit mask. With `norm_first=True` a final LayerNorm
-    closes the stack. Other inputs and outputs by composition: `embedding` replaces the
+    the output carries it as the Keras implicit mask. With `block.normalize_first` a final
+    norm closes the stack. Other inputs and outputs by composition: `embedding` replaces the
     embedding (BERT: learned positions, segments and a LayerNorm, see `TokenEmbedding`) and
     `head` adds an output head (BERT's masked-LM head, see `OutputHead`).
 
     Args:
 {args}
-        embedding: optional `TokenEmbedding` of `embed_dim` to use instead. Defaults to `None`.
+        embedding: optional `TokenEmbedding` of `hidden_dim` to use instead. Defaults to `None`.
         head: optional `OutputHead`: the encoder then returns its logits. Defaults to `None`.
 
     Call arguments:
@@ -42,12 +43,13 @@ class TransformerEncoder(_Stack):
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, S, embed_dim)` with the padding as implicit mask, or with a `head` float32
-        logits `(B, S, vocab_size)`; with `return_attention_scores=True` also the weights
+        `(B, S, hidden_dim)` with the padding as implicit mask, or with a `head` float32
+        logits `(B, S, vocabulary_size)`; with `return_attention_scores=True` also the weights
         `(B, num_layers, num_heads, S, S)`.
 
     Example:
-    >>> encoder = TransformerEncoder(100, num_layers=2, embed_dim=32, num_heads=4, ffn_dim=64)
+    >>> block = BlockConfig(AttentionConfig(num_heads=4), intermediate_dim=64)
+    >>> encoder = TransformerEncoder(100, num_layers=2, hidden_dim=32, block=block)
     >>> encoder(keras.ops.array([[5, 6, 7, 0]])).shape  # (1, 4, 32)
 
     References:
@@ -57,11 +59,12 @@ class TransformerEncoder(_Stack):
 
     block_class = TransformerEncoderBlock
 
-    def __init__(self, vocab_size: int, num_layers: int, embed_dim: int, num_heads: int,
-                 ffn_dim: int, embedding: TokenEmbedding | None = None,
-                 head: OutputHead | None = None, **kwargs):
+    def __init__(self, vocabulary_size: int | None = None, num_layers: int | None = None,
+                 hidden_dim: int | None = None, block: BlockConfig | None = None,
+                 embedding: TokenEmbedding | None = None, head: OutputHead | None = None,
+                 **kwargs):
         embedding, head = (_part(part) for part in (embedding, head))
-        super().__init__(vocab_size, num_layers, embed_dim, num_heads, ffn_dim, **kwargs)
+        super().__init__(vocabulary_size, num_layers, hidden_dim, block, **kwargs)
         self._given = {"embedding": embedding is not None, "head": head is not None}
         self._assemble(embedding, head)
 
@@ -94,17 +97,17 @@ class TransformerEncoder(_Stack):
     def compute_output_spec(self, inputs, padding_mask=None, token_type_ids=None,
                             return_attention_scores=False, training=None):
         if self.head is None:
-            outputs = keras.KerasTensor(tuple(inputs.shape) + (self.embed_dim,),
+            outputs = keras.KerasTensor(tuple(inputs.shape) + (self.hidden_dim,),
                                         dtype=self.compute_dtype)
         else:
-            outputs = keras.KerasTensor(tuple(inputs.shape) + (self.vocab_size,), "float32")
+            outputs = keras.KerasTensor(tuple(inputs.shape) + (self.vocabulary_size,), "float32")
         if not return_attention_scores:
             return outputs
         weights = (inputs.shape[0], self.num_layers, self.num_heads) + (inputs.shape[1],) * 2
         return outputs, keras.KerasTensor(weights, dtype="float32")
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
-        last = self.embed_dim if self.head is None else self.vocab_size
+        last = self.hidden_dim if self.head is None else self.vocabulary_size
         return tuple(inputs_shape) + (last,)
 
     def get_config(self):
@@ -150,11 +153,12 @@ class TransformerDecoder(_Stack):
             `inputs != pad_id` (nothing when `pad_id` is None).
 
     Returns:
-        float32 logits `(B, T, vocab_size)`; with `return_attention_scores=True` also the
+        float32 logits `(B, T, vocabulary_size)`; with `return_attention_scores=True` also the
         weights `(B, num_layers, num_heads, T, S)`.
 
     Example:
-    >>> decoder = TransformerDecoder(100, num_layers=2, embed_dim=32, num_heads=4, ffn_dim=64)
+    >>> block = BlockConfig(AttentionConfig(num_heads=4), intermediate_dim=64)
+    >>> decoder = TransformerDecoder(100, num_layers=2, hidden_dim=32, block=block)
     >>> logits = decoder(keras.ops.array([[2, 9, 4]]), keras.ops.ones((1, 5, 32)))  # (1, 3, 100)
 
     References:
@@ -168,7 +172,7 @@ class TransformerDecoder(_Stack):
         self._assemble()
 
     def build(self, inputs_shape, encoder_outputs_shape=None, *args):
-        encoder_outputs_shape = encoder_outputs_shape or tuple(inputs_shape) + (self.embed_dim,)
+        encoder_outputs_shape = encoder_outputs_shape or tuple(inputs_shape) + (self.hidden_dim,)
         self._build_parts(inputs_shape, encoder_outputs_shape)
 
     def _run_blocks(self, x, return_attention, encoder_outputs=None, encoder_padding_mask=None,
@@ -244,11 +248,11 @@ class TransformerDecoder(_Stack):
         return logits, state, ops.cast(attention, "float32")
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None, *args):
-        return tuple(inputs_shape) + (self.vocab_size,)
+        return tuple(inputs_shape) + (self.vocabulary_size,)
 
     def compute_output_spec(self, inputs, encoder_outputs, encoder_padding_mask=None,
                             return_attention_scores=False, training=None, padding_mask=None):
-        logits = keras.KerasTensor(tuple(inputs.shape) + (self.vocab_size,), dtype="float32")
+        logits = keras.KerasTensor(tuple(inputs.shape) + (self.vocabulary_size,), dtype="float32")
         if not return_attention_scores:
             return logits
         weights_shape = (inputs.shape[0], self.num_layers, self.num_heads, inputs.shape[1],
@@ -257,17 +261,15 @@ class TransformerDecoder(_Stack):
 
 
 def transformer_seq2seq(
-    source_vocab_size: int,
-    target_vocab_size: int,
+    source_vocabulary_size: int | None = None,
+    target_vocabulary_size: int | None = None,
     num_layers: int = 2,
-    embed_dim: int = 128,
+    hidden_dim: int = 128,
     num_heads: int = 4,
-    ffn_dim: int = 512,
+    intermediate_dim: int = 512,
     dropout: float = 0.1,
-    norm_first: bool = False,
-    implementation: str = "dense",
-    chunk_size: int | None = None,
-    sliding_window: int | None = None,
+    normalize_first: bool = False,
+    attention: AttentionConfig | None = None,
     name: str = "transformer_seq2seq",
     **kwargs,
 ) -> keras.Model:
@@ -280,51 +282,71 @@ def transformer_seq2seq(
     `keras_attn.decoding.greedy_search` / `beam_search` decode with its static cache.
 
     Args:
-        source_vocab_size: int, number of source tokens.
-        target_vocab_size: int, number of target tokens (size of the logits).
+        source_vocabulary_size: int, number of source tokens.
+        target_vocabulary_size: int, number of target tokens (size of the logits).
         num_layers: int, blocks in the encoder and in the decoder. Defaults to `2`.
-        embed_dim: int, model size `d`. Defaults to `128`.
-        num_heads: int, attention heads; must divide `embed_dim`. Defaults to `4`.
-        ffn_dim: int, hidden size of the feed-forward networks. Defaults to `512`.
+        hidden_dim: int, model size `d`. Defaults to `128`.
+        num_heads: int, attention heads; must divide `hidden_dim`. Defaults to `4` (or
+            `attention.num_heads`).
+        intermediate_dim: int, hidden size of the feed-forward networks. Defaults to `512`.
         dropout: float in [0, 1), dropout everywhere the paper puts it. Defaults to `0.1`.
-        norm_first: bool, pre-LN blocks instead of post-LN. Defaults to `False`.
-        implementation: the attention kernel, `"dense"`, `"chunked"` (needs `dropout=0`) or
-            `"local"` (with `sliding_window`). Defaults to `"dense"`.
-        chunk_size: optional int, keys per block of the chunked kernel. Defaults to `None`.
-        sliding_window: optional int, self-attention sees the keys at distance
-            `< sliding_window` (causal in the decoder); `attention_window=d`, deprecated, is
-            `sliding_window=d + 1`. Defaults to `None`.
+        normalize_first: bool, pre-LN blocks instead of post-LN. Defaults to `False`.
+        attention: optional `AttentionConfig` of both stacks; its fields may also be given
+            here as keywords: `implementation` (`"dense"`, `"chunked"`: needs `dropout=0`,
+            `"local"`: with `sliding_window`), `chunk_size`, `sliding_window` (self-attention
+            sees the keys at distance `< sliding_window`; causal in the decoder), ...
+            Defaults to `None`.
         name: str, the model name. Defaults to `"transformer_seq2seq"`.
-        **kwargs: further arguments of both stacks (`activation`, `epsilon`,
-            `kernel_initializer`, `seed`, `pad_id`).
+        **kwargs: the attention fields above; the blocks' `activation`, `norm`,
+            `layer_norm_epsilon`, `use_bias`; the stacks' `kernel_initializer`, `seed`,
+            `pad_id`.
 
     Returns:
         An uncompiled `keras.Model` with inputs `source_ids` `(B, S)` and `target_in_ids`
-        `(B, T)` (int32) and output float32 logits `(B, T, target_vocab_size)`.
+        `(B, T)` (int32) and output float32 logits `(B, T, target_vocabulary_size)`.
 
     Example:
-    >>> model = transformer_seq2seq(100, 120, num_layers=1, embed_dim=32, num_heads=4,
-    ...                             ffn_dim=64)
+    >>> model = transformer_seq2seq(100, 120, num_layers=1, hidden_dim=32, num_heads=4,
+    ...                             intermediate_dim=64)
     >>> model.compile("adam", loss=keras_attn.metrics.masked_sparse_categorical_crossentropy)
     >>> logits = model([keras.ops.array([[5, 6, 0]]), keras.ops.array([[2, 7]])])  # (1, 2, 120)
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
     """
-    stack_kwargs = {"num_layers": num_layers, "embed_dim": embed_dim, "num_heads": num_heads,
-                    "ffn_dim": ffn_dim, "dropout": dropout, "norm_first": norm_first,
-                    "implementation": implementation, "chunk_size": chunk_size,
-                    "sliding_window": sliding_window, **kwargs}
-    # A given initializer becomes one per stack (a seeded one derives a seed per stack): the
-    # encoder's and the decoder's sublayers have the same names, and would start as copies.
-    init = stack_kwargs.pop("kernel_initializer", None)
-    encoder = TransformerEncoder(source_vocab_size, **stack_kwargs, name="encoder", **(
-        {} if init is None else {"kernel_initializer": sublayer_initializer(init, "encoder")}))
-    decoder = TransformerDecoder(target_vocab_size, **stack_kwargs, name="decoder", **(
-        {} if init is None else {"kernel_initializer": sublayer_initializer(init, "decoder")}))
+    encoder, decoder = seq2seq_stacks("transformer_seq2seq", TransformerDecoder, kwargs, {
+        "source_vocabulary_size": source_vocabulary_size,
+        "target_vocabulary_size": target_vocabulary_size, "num_layers": num_layers,
+        "hidden_dim": hidden_dim, "num_heads": num_heads, "intermediate_dim": intermediate_dim,
+        "dropout": dropout, "normalize_first": normalize_first, "attention": attention})
     source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
     target_in_ids = keras.Input(shape=(None,), dtype="int32", name="target_in_ids")
     encoder_outputs = encoder(source_ids)  # (B, S, d)
     source_mask = encoder.padding_mask(source_ids)  # (B, S)
     logits = decoder(target_in_ids, encoder_outputs, encoder_padding_mask=source_mask)
     return keras.Model([source_ids, target_in_ids], logits, name=name)
+
+
+def seq2seq_stacks(owner: str, decoder_class, kwargs: dict, arguments: dict,
+                   per_stack_initializer: bool = True) -> tuple:
+    """`(TransformerEncoder, decoder_class)` named "encoder" and "decoder" of an
+    encoder-decoder builder's `arguments` and `**kwargs` (`builder_block`): one `BlockConfig`
+    for both, and (`per_stack_initializer`) a given initializer made one per stack (a seeded
+    one derives a seed per stack: the stacks' sublayers have the same names, and would start
+    as copies)."""
+    block = builder_block(
+        owner, kwargs, arguments["attention"],
+        {"num_heads": (arguments["num_heads"], 4)},
+        intermediate_dim=arguments["intermediate_dim"], dropout=arguments["dropout"],
+        normalize_first=arguments["normalize_first"])
+    sizes = {name: kwargs.pop(name, arguments[name]) for name in (
+        "source_vocabulary_size", "target_vocabulary_size", "hidden_dim")}
+    init = kwargs.pop("kernel_initializer", None)
+    stacks = []
+    for part, cls, vocabulary in (("encoder", TransformerEncoder, "source_vocabulary_size"),
+                                  ("decoder", decoder_class, "target_vocabulary_size")):
+        own = {} if init is None else {"kernel_initializer": (
+            sublayer_initializer(init, part) if per_stack_initializer else init)}
+        stacks.append(cls(sizes[vocabulary], arguments["num_layers"], sizes["hidden_dim"],
+                          block, name=part, **own, **kwargs))
+    return tuple(stacks)

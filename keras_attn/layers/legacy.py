@@ -1,0 +1,139 @@
+"""The argument names of keras_attn 0.1 and 0.2 for blocks, stacks and builders, translated
+to today's: a call that uses them still works for one release, with a DeprecationWarning, and a
+`.keras` file saved with them loads without one.
+
+| earlier | now |
+|---|---|
+| `vocab_size`, `source_vocab_size`, `target_vocab_size` | `vocabulary_size`, `source_vocabulary_size`, `target_vocabulary_size` |
+| `embed_dim` | `hidden_dim` |
+| `ffn_dim` | `intermediate_dim` |
+| `norm_first` | `normalize_first` |
+| `epsilon` (of a block or stack) | `layer_norm_epsilon` |
+| `tie_embeddings` | `tie_word_embeddings` |
+| `max_length` (a stack's position table) | `max_sequence_length` |
+| `num_heads`, `num_key_value_heads`, `head_dim`, `position_encoding`, `implementation`, `chunk_size`, `sliding_window` of a block or stack | fields of its `attention` (`AttentionConfig`) |
+| `attention_window=d` | `sliding_window=d + 1` |
+| a block's `use_bias` naming attention projections and `"ffn"` | `attention.use_bias` (the projections) and `use_bias` (the FFN) |
+| `gated_ffn=True` with `activation=a` | `activation=` the gated name of `a` (`"swiglu"`, `"geglu"`, `"geglu_tanh"`, `"reglu"`) |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from keras_attn._checks import check_positive_int, warn_deprecated
+from keras_attn.layers.config import PROJECTIONS, AttentionConfig
+
+RENAMED = {
+    "vocab_size": "vocabulary_size",
+    "source_vocab_size": "source_vocabulary_size",
+    "target_vocab_size": "target_vocabulary_size",
+    "embed_dim": "hidden_dim",
+    "ffn_dim": "intermediate_dim",
+    "norm_first": "normalize_first",
+    "epsilon": "layer_norm_epsilon",
+    "tie_embeddings": "tie_word_embeddings",
+}
+ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionConfig))
+
+
+def rename(kwargs: dict, owner: str, mapping: dict, warn: bool = True) -> dict:
+    """Pop the arguments of `kwargs` (in place) that `mapping` renames (`{old: new}`):
+    `{new: value}`, with a DeprecationWarning when `warn`. An argument given under both names
+    is a ValueError."""
+    renamed = {}
+    for old, new in mapping.items():
+        if old in kwargs:
+            if new in kwargs:
+                raise ValueError(
+                    f"Arguments `{old}` (deprecated) and `{new}` say the same thing; give "
+                    f"`{new}` only. Received: {old}={kwargs[old]!r}, {new}={kwargs[new]!r}")
+            renamed[new] = kwargs.pop(old)
+    if renamed and warn:
+        warn_deprecated(f"{owner}: " + "; ".join(
+            f"`{old}` is `{new}`" for old, new in mapping.items() if new in renamed)
+            + " (keras_attn 0.3 names, see CHANGELOG.md).")
+    return renamed
+
+
+def _window(attention_window, sliding_window, warn: bool):
+    """`sliding_window`, or the deprecated `attention_window=d` as `d + 1`."""
+    check_positive_int("attention_window", attention_window)
+    if sliding_window is not None:
+        raise ValueError(
+            "Arguments `attention_window` (deprecated) and `sliding_window` say the same thing; "
+            f"give `sliding_window` only. Received: attention_window={attention_window!r}, "
+            f"sliding_window={sliding_window!r}")
+    if warn:
+        warn_deprecated(
+            f"`attention_window={attention_window}` is deprecated: it is "
+            f"`sliding_window={attention_window + 1}` (a query sees the keys at distance < "
+            "sliding_window, as in keras.layers.MultiHeadAttention).")
+    return attention_window + 1
+
+
+def split_use_bias(use_bias):
+    """A block's or stack's `use_bias` of earlier releases, a bool or names of attention
+    projections, `"ffn"` and `"head"`: `(attention use_bias, FFN use_bias)`. An untied output
+    head now has a bias when the FFN has (`"head"` alone is not expressed)."""
+    if isinstance(use_bias, bool):
+        return use_bias, use_bias
+    names = (use_bias,) if isinstance(use_bias, str) else tuple(use_bias)
+    projections = tuple(name for name in names if name in PROJECTIONS)
+    unknown = [name for name in names if name not in PROJECTIONS + ("ffn", "head")]
+    if unknown:
+        raise ValueError(
+            "Received an invalid value for argument `use_bias`, expected a bool or names among "
+            f"{PROJECTIONS + ('ffn', 'head')}. Received: use_bias={use_bias!r}")
+    return projections or False, "ffn" in names
+
+
+def take(kwargs: dict, owner: str, warn: bool = True,
+         fields_ok: bool = False) -> tuple[dict, dict]:
+    """Pop the arguments of earlier releases out of `kwargs` (in place).
+
+    Args:
+        kwargs: a constructor's keyword arguments (or a config being loaded).
+        owner: the class or function, for the warning.
+        warn: whether to warn (a user's call) or not (a saved config).
+        fields_ok: the attention fields are arguments of the caller (the model builders):
+            taken without a warning.
+
+    Returns:
+        `(renamed, attention)`: today's names for the renamed arguments, and the attention
+        fields given directly (`num_heads`, `implementation`, ...; `attention_window` as
+        `sliding_window`), `renamed["gated_ffn"]` when given (the caller folds it into its
+        activation: `activations.gated_name`). A `use_bias` left in `kwargs` (a stack's or
+        builder's: every part) is split into `attention["use_bias"]` and the FFN's
+        `renamed["use_bias"]`.
+    """
+    renamed, attention, used = {}, {}, []
+    for old, new in RENAMED.items():
+        if old in kwargs:
+            if new in kwargs:
+                raise ValueError(
+                    f"Arguments `{old}` (deprecated) and `{new}` say the same thing; give "
+                    f"`{new}` only. Received: {old}={kwargs[old]!r}, {new}={kwargs[new]!r}")
+            renamed[new] = kwargs.pop(old)
+            used.append(f"`{old}` is `{new}`")
+    for name in ATTENTION_FIELDS:
+        if name != "use_bias" and name in kwargs:
+            attention[name] = kwargs.pop(name)
+            if not fields_ok:
+                used.append(f"`{name}` is a field of `attention`")
+    if "attention_window" in kwargs:
+        attention["sliding_window"] = _window(kwargs.pop("attention_window"),
+                                              attention.get("sliding_window"), warn)
+    if "gated_ffn" in kwargs:  # folded into the activation's name by the caller
+        renamed["gated_ffn"] = kwargs.pop("gated_ffn")
+        used.append("`gated_ffn=True` is a gated activation name (`\"swiglu\"`, "
+                    "`\"geglu_tanh\"`, ...)")
+    if "use_bias" in kwargs:  # a stack's or builder's: every part's biases
+        attention["use_bias"], renamed["use_bias"] = split_use_bias(kwargs.pop("use_bias"))
+        if not fields_ok:
+            used.append("`use_bias` is `attention.use_bias` (the projections) and the "
+                        "block's `use_bias` (the FFN and the head)")
+    if used and warn:
+        warn_deprecated(f"{owner}: " + "; ".join(used) + " (keras_attn 0.3 names, see "
+                        "CHANGELOG.md).")
+    return renamed, attention
