@@ -1,0 +1,17 @@
+"""Text in, ids out, and back: tokenizers as Keras layers and the preprocessors of the task
+models (`keras_attn.tasks`), with TensorFlow ops (imported when they first run).
+
+- `tokenizers`: `Tokenizer` (the interface), `CharacterTokenizer` (keras_attn's own
+  vocabularies), `PretrainedTokenizer` (a Hugging Face checkpoint's files);
+- `causal_lm`: `CausalLMPreprocessor`, the special ids, the training layout and the prompt
+  layout of a causal language model.
+"""
+
+from keras_attn.preprocessing.causal_lm import CausalLMPreprocessor
+from keras_attn.preprocessing.tokenizers import (
+    CharacterTokenizer,
+    PretrainedTokenizer,
+    Tokenizer,
+)
+
+__all__ = ["CausalLMPreprocessor", "CharacterTokenizer", "PretrainedTokenizer", "Tokenizer"]

@@ -1,0 +1,12 @@
+"""Models people use whole (keras-hub's tasks): a backbone, a preprocessor (tokenizer, special
+ids, packing) and a sampler; `from_pretrained`, `generate` on strings, `fit` on text, `.keras`
+and SavedModel export. The free functions below them (`keras_attn.decoding.generate`,
+`keras_attn.checkpoints.from_pretrained`, the exporters) stay the low-level layer.
+
+- `CausalLM`: Llama, Mistral, Qwen2, GPT-2 checkpoints and keras_attn's own language models.
+"""
+
+from keras_attn.tasks.causal_lm import CausalLM
+from keras_attn.tasks.task import Task
+
+__all__ = ["CausalLM", "Task"]

@@ -1,0 +1,238 @@
+"""`CausalLM`: a causal language model as one object — strings in, strings out, `fit` on text,
+LoRA, samplers, `.keras` and SavedModel export."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_attn._checks import check_int
+from keras_attn.models.decoder_only import TransformerDecoderOnly
+from keras_attn.models.lora import DEFAULT_TARGETS, enable_lora
+from keras_attn.preprocessing import CausalLMPreprocessor, PretrainedTokenizer
+from keras_attn.tasks.task import Task, is_text
+
+
+def _backbone(backbone) -> TransformerDecoderOnly:
+    """`backbone` as the decoder-only stack: itself, or the layer `"decoder"` of a model
+    (`keras_attn.models.causal_lm`, `keras_attn.checkpoints.build_model`)."""
+    if isinstance(backbone, keras.Model) and not isinstance(backbone, TransformerDecoderOnly):
+        try:
+            backbone = backbone.get_layer("decoder")
+        except ValueError:
+            backbone = None
+    if not isinstance(backbone, TransformerDecoderOnly) or backbone.name != "decoder":
+        raise ValueError(
+            "Argument `backbone` must be a keras_attn `TransformerDecoderOnly` named "
+            "'decoder', or a model holding one (keras_attn.models.causal_lm, "
+            f"keras_attn.checkpoints.build_model). Received: backbone={backbone!r}")
+    return backbone
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class CausalLM(Task):
+    """A causal language model with its preprocessor and sampler (keras-hub's `CausalLM`).
+
+    The model takes `{"token_ids": (B, T) int32, "padding_mask": (B, T) bool}` and returns
+    float32 next-token logits `(B, T, vocabulary_size)`; its layer `"decoder"` is the backbone,
+    which `keras_attn.decoding.generate` decodes over its static cache. With a preprocessor it
+    generates from strings and trains on strings.
+
+    Args:
+        backbone: a `keras_attn.models.TransformerDecoderOnly` named `"decoder"`, or a model
+            holding one (`keras_attn.models.causal_lm(...)`).
+        preprocessor: optional `keras_attn.preprocessing.CausalLMPreprocessor` (its tokenizer
+            and special ids). Defaults to `None` (token ids in and out).
+        sampler: how `generate` chooses tokens: a name (`"greedy"`, ...), a config or a sampler
+            of `keras_attn.decoding.samplers`; `compile(sampler=...)` and `generate(...,
+            sampler=...)` replace it. Defaults to `"greedy"`.
+
+    Example:
+    >>> lm = CausalLM.from_pretrained("path/to/Llama-3.2-1B")
+    >>> lm.generate("The Time Traveller", max_length=64)
+    >>> lm.enable_lora(4); lm.fit(["some text", ...], epochs=1)
+    """
+
+    def __init__(self, backbone, preprocessor: CausalLMPreprocessor | None = None,
+                 sampler="greedy", **kwargs):
+        backbone = _backbone(backbone)
+        if preprocessor is not None and not isinstance(preprocessor, CausalLMPreprocessor):
+            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+                "Argument `preprocessor` must be a CausalLMPreprocessor or None. Received: "
+                f"preprocessor={preprocessor!r}")
+        inputs = {"token_ids": keras.Input((None,), dtype="int32", name="token_ids"),
+                  "padding_mask": keras.Input((None,), dtype="bool", name="padding_mask")}
+        logits = backbone(inputs["token_ids"], padding_mask=inputs["padding_mask"])
+        kwargs.setdefault("name", "causal_lm")
+        super().__init__(inputs, logits, **kwargs)
+        self.backbone, self.preprocessor = backbone, preprocessor
+        self.sampler = _samplers().get(sampler)
+
+    @classmethod
+    def from_pretrained(cls, directory: str, dtype: str | None = None,
+                        sequence_length: int = 512, sampler="greedy", **kernel) -> CausalLM:
+        """A Hugging Face causal LM directory (Llama, Mistral, Qwen2, GPT-2: `config.json`,
+        safetensors, tokenizer files) as a `CausalLM`, matching `transformers` to the token.
+
+        Args:
+            directory: str, the checkpoint directory.
+            dtype: optional `"float32"`, `"bfloat16"` or `"float16"`. Defaults to the stored
+                weights'.
+            sequence_length: int, the preprocessor's training length. Defaults to `512`.
+            sampler: the generation sampler. Defaults to `"greedy"`.
+            **kernel: attention kernel options (`implementation`, `chunk_size`,
+                `flash_attention`; `keras_attn.checkpoints.build_model`).
+        """
+        from keras_attn.checkpoints import build_model, generation_ids, load_hf_checkpoint
+
+        if not isinstance(directory, str):
+            raise ValueError("Argument `directory` must be the path of a checkpoint directory. "
+                             f"Received: directory={directory!r}")
+        spec, weights = load_hf_checkpoint(directory, dtype)
+        if spec.task != "causal_lm":
+            raise ValueError(
+                f"CausalLM.from_pretrained needs a causal language model; {directory!r} holds "
+                f"a {spec.source} ({spec.task!r}). BERT: keras_attn.tasks.TextClassifier.")
+        model = build_model(spec, weights, dtype=dtype, **kernel)
+        ids = generation_ids(spec)
+        tokenizer = PretrainedTokenizer(
+            directory, start_token_id=spec.bos_token_id, end_token_ids=tuple(
+                spec.eos_token_ids), pad_token_id=ids["pad_id"])
+        return cls(model, CausalLMPreprocessor(tokenizer, sequence_length), sampler=sampler)
+
+    def compile(self, optimizer="auto", loss="auto", weighted_metrics="auto", sampler=None,
+                **kwargs):
+        """`keras.Model.compile` with keras-hub's defaults: AdamW (learning rate 5e-5, weight
+        decay 0.01), the cross-entropy of the logits averaged over real tokens, accuracy
+        weighted the same way; `sampler` sets how `generate` chooses tokens."""
+        if optimizer == "auto":
+            optimizer = keras.optimizers.AdamW(5e-5, weight_decay=0.01)
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction="mean_with_sample_weight")
+        if weighted_metrics == "auto":
+            weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        if sampler is not None:
+            self.sampler = _samplers().get(sampler)
+        super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics,
+                        **kwargs)
+
+    def enable_lora(self, rank: int, target_names=DEFAULT_TARGETS, alpha=None) -> list[str]:
+        """LoRA on the backbone's attention projections (`keras_attn.models.enable_lora`):
+        every other weight frozen. Compile again before `fit`."""
+        return enable_lora(self.backbone, rank, target_names, alpha)
+
+    def _text_dataset(self, x, y, batch_size):
+        import tensorflow as tf
+
+        if y is not None:
+            raise ValueError("A CausalLM learns the next token of its texts: give `x` only "
+                             f"(strings). Received: y={y!r:.100}")
+        if not isinstance(x, tf.data.Dataset):
+            x = tf.data.Dataset.from_tensor_slices(tf.constant(
+                [x] if isinstance(x, (str, bytes)) else list(np.asarray(x).astype(str))))
+            x = x.batch(batch_size)
+        return x.map(self.preprocessor, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    def generate(self, inputs, max_length: int | None = None, *, stop_token_ids="auto",
+                 strip_prompt: bool = False, sampler=None, max_new_tokens=None):
+        """Continue prompts: strings for strings, token ids for token ids.
+
+        Args:
+            inputs: a str or a list of str (needs the preprocessor), or int token ids
+                `(B, P)` right-padded with the padding id, or a dict `{"token_ids",
+                "padding_mask"}` (keras-hub's form).
+            max_length: int, the longest sequence, prompt included (the cache's positions).
+                Defaults to the preprocessor's `sequence_length` (token ids without one:
+                required).
+            stop_token_ids: `"auto"` (the tokenizer's end ids), None (no stop) or a tuple of
+                ids. Defaults to `"auto"`.
+            strip_prompt: bool, return the continuation only. Defaults to `False`.
+            sampler: optional sampler for this call (default: the model's). Defaults to `None`.
+            max_new_tokens: optional int, new tokens at most per row. Defaults to `None`.
+
+        Returns:
+            A str for a str, a list of str for a list; for ids, int32 `(B, max_length)` (the
+            prompt, the continuation, then padding).
+        """
+        text = is_text(inputs)
+        if max_length is None:
+            if self.preprocessor is None:
+                raise ValueError("Argument `max_length` is required without a preprocessor.")
+            max_length = self.preprocessor.sequence_length
+        check_int("max_length", max_length, 2)
+        sampler = self.sampler if sampler is None else _samplers().get(sampler)
+        if text:
+            return self._generate_text(inputs, int(max_length), stop_token_ids, strip_prompt,
+                                       sampler, max_new_tokens)
+        token_ids, lengths = _prompt_ids(inputs)
+        ids = self._ids(stop_token_ids)
+        tokens = self._decode(token_ids, lengths, int(max_length), max_new_tokens, ids, sampler)
+        if strip_prompt:
+            raise ValueError("Argument `strip_prompt` applies to strings; token ids come back "
+                             "whole (the prompt's lengths say where each continuation starts).")
+        return tokens
+
+    def _ids(self, stop_token_ids) -> dict:
+        """The generation ids: the preprocessor's (derived once), with `stop_token_ids`."""
+        if self.preprocessor is not None:
+            ids = dict(self.preprocessor.generation_ids())
+        else:
+            pad = self.backbone.pad_id
+            ids = {"stop_token_ids": (3,), "pad_id": 0 if pad is None else pad,
+                   "suppressed_ids": None}
+        if stop_token_ids != "auto":
+            ids["stop_token_ids"] = () if stop_token_ids is None else tuple(
+                [stop_token_ids] if isinstance(stop_token_ids, int) else stop_token_ids)
+        return ids
+
+    def _generate_text(self, inputs, max_length, stop_token_ids, strip_prompt, sampler,
+                       max_new_tokens):
+        import tensorflow as tf
+
+        single = isinstance(inputs, (str, bytes))
+        new = max_length if max_new_tokens is None else max_new_tokens
+        prompts = self.preprocessor.generate_preprocess(inputs, max_length, new)
+        ids = self._ids(stop_token_ids)
+        tokens = self._decode(prompts["token_ids"].numpy(), prompts["lengths"].numpy(),
+                              max_length, max_new_tokens, ids, sampler)
+        lengths = prompts["lengths"]
+        limits = lengths + tf.minimum(tf.cast(new, tf.int32), max_length - lengths)
+        continuation = self.preprocessor.generate_postprocess(
+            keras.ops.convert_to_numpy(tokens), lengths, limits, stop_ids=ids[
+                "stop_token_ids"])
+        texts = [t.decode("utf-8") for t in continuation.numpy()]
+        if not strip_prompt:
+            context = [t.decode("utf-8") for t in prompts["context"].numpy()]
+            texts = [c + t for c, t in zip(context, texts)]
+        return texts[0] if single else texts
+
+    def _decode(self, token_ids, lengths, max_length, max_new_tokens, ids, sampler):
+        from keras_attn import decoding
+
+        return decoding.generate(
+            self, token_ids, max_length, sampler=sampler, max_new_tokens=max_new_tokens,
+            stop_token_ids=ids["stop_token_ids"] or None, pad_id=ids["pad_id"],
+            suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths)
+
+    def get_config(self):
+        config = super().get_config()
+        config["sampler"] = _samplers().serialize(self.sampler)
+        return config
+
+
+def _samplers():
+    from keras_attn.decoding import samplers
+
+    return samplers
+
+
+def _prompt_ids(inputs):
+    """Token-id prompts as `(token_ids (B, P) int32, lengths (B,) or None)`."""
+    if isinstance(inputs, dict):
+        mask = np.asarray(keras.ops.convert_to_numpy(inputs["padding_mask"])).astype(bool)
+        token_ids = keras.ops.convert_to_numpy(inputs["token_ids"])
+        return np.asarray(token_ids, "int32"), mask.sum(axis=1).astype("int32")
+    return inputs, None

@@ -1,0 +1,89 @@
+"""What every task model shares (keras-hub's `Task`): a `keras.Model` that owns its backbone
+and an optional preprocessor, trains with `fit` on raw text through the preprocessor, and saves
+to `.keras` with both (the tokenizer's files in the archive's assets)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+# Rows per batch when `fit` / `evaluate` / `predict` are given a list of strings.
+DEFAULT_BATCH_SIZE = 32
+
+
+def is_text(x) -> bool:
+    """Whether `x` is raw text: a str, a list/tuple/array of str, a string tensor, or a
+    `tf.data.Dataset` whose elements (or first element) are strings."""
+    if isinstance(x, (str, bytes)):
+        return True
+    if isinstance(x, (list, tuple)) and x and all(isinstance(t, (str, bytes)) for t in x):
+        return True
+    if isinstance(x, np.ndarray) and x.dtype.kind in "US":
+        return True
+    if type(x).__module__.startswith("tensorflow"):
+        import tensorflow as tf
+
+        if isinstance(x, tf.data.Dataset):
+            spec = x.element_spec
+            first = spec[0] if isinstance(spec, tuple) else spec
+            return isinstance(first, tf.TensorSpec) and first.dtype == tf.string
+        return tf.is_tensor(x) and x.dtype == tf.string
+    return False
+
+
+class Task(keras.Model):
+    """A backbone, an optional preprocessor, and `fit` / `evaluate` / `predict` on text.
+
+    Subclasses build the functional graph in `__init__` (then call `Task.__init__` with
+    `inputs` and `outputs`), set `backbone` and `preprocessor`, and implement
+    `_text_dataset(x, y, batch_size)`: a `tf.data.Dataset` of preprocessed batches for raw text.
+    """
+
+    def _text_dataset(self, x, y, batch_size):  # pragma: no cover - every task has one
+        raise NotImplementedError
+
+    def _preprocess(self, x, y, batch_size, method: str):
+        """`(x, y, batch_size)` for Keras: raw text through the preprocessor (a tf.data
+        pipeline of batches), anything else as given."""
+        if not is_text(x):
+            return x, y, batch_size
+        if self.preprocessor is None:
+            raise ValueError(
+                f"`{method}` was given raw text, but this {type(self).__name__} has no "
+                "preprocessor: give token ids, or build it with one (e.g. from_pretrained).")
+        size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        return self._text_dataset(x, y, size), None, None
+
+    def fit(self, x=None, y=None, batch_size=None, validation_data=None, **kwargs):
+        """`keras.Model.fit`; raw text goes through the preprocessor (in batches of
+        `batch_size`, 32 by default), `validation_data` too."""
+        x, y, batch_size = self._preprocess(x, y, batch_size, "fit")
+        if validation_data is not None:
+            pair = validation_data if isinstance(validation_data, tuple) else (
+                validation_data, None)
+            if is_text(pair[0]):
+                validation_data = self._preprocess(pair[0], pair[1] if len(pair) > 1 else None,
+                                                   None, "fit")[0]
+        return super().fit(x, y, batch_size=batch_size, validation_data=validation_data,
+                           **kwargs)
+
+    def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
+        """`keras.Model.evaluate`; raw text goes through the preprocessor."""
+        x, y, batch_size = self._preprocess(x, y, batch_size, "evaluate")
+        return super().evaluate(x, y, batch_size=batch_size, **kwargs)
+
+    def get_config(self):
+        return {
+            "backbone": keras.layers.serialize(self.backbone),
+            "preprocessor": (None if self.preprocessor is None
+                             else keras.layers.serialize(self.preprocessor)),
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for part in ("backbone", "preprocessor"):
+            if isinstance(config.get(part), dict):
+                config[part] = keras.layers.deserialize(config[part])
+        return cls(**config)
