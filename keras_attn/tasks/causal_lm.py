@@ -230,9 +230,21 @@ def _samplers():
 
 
 def _prompt_ids(inputs):
-    """Token-id prompts as `(token_ids (B, P) int32, lengths (B,) or None)`."""
-    if isinstance(inputs, dict):
+    """Token-id prompts as `(token_ids (B, P), lengths (B,) or None)`; anything that is
+    neither text nor a rank-2 batch of ids is a ValueError naming `inputs`."""
+    if isinstance(inputs, dict) and set(inputs) == {"token_ids", "padding_mask"}:
         mask = np.asarray(keras.ops.convert_to_numpy(inputs["padding_mask"])).astype(bool)
         token_ids = keras.ops.convert_to_numpy(inputs["token_ids"])
         return np.asarray(token_ids, "int32"), mask.sum(axis=1).astype("int32")
+    if isinstance(inputs, (list, tuple)) and np.asarray(inputs, dtype=object).dtype == object and (
+            any(isinstance(t, (str, bytes)) for t in np.ravel(np.asarray(inputs, dtype=object)))):
+        raise ValueError("Argument `inputs` must be a string or a flat list of strings (one "
+                         f"prompt each). Received: inputs={inputs!r:.200}")
+    shape = getattr(inputs, "shape", None)
+    if shape is None and isinstance(inputs, (list, tuple)):
+        shape = np.shape(inputs) if all(isinstance(row, (list, tuple)) for row in inputs) else ()
+    if shape is None or len(shape) != 2:
+        raise ValueError(
+            "Argument `inputs` must be a string, a list of strings, int token ids (B, P) or a "
+            f"dict with `token_ids` and `padding_mask`. Received: inputs={inputs!r:.200}")
     return inputs, None
