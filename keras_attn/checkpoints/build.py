@@ -11,7 +11,7 @@ What the spec says and where it goes:
 | `head_dim`, `num_kv_heads` | `head_dim`, `num_key_value_heads` |
 | `{query,key,value,output}_bias`, `ffn_bias` | `use_bias` = the names of the parts with a bias |
 | `activation`, `gated_ffn` | `activation`, `gated_ffn` |
-| `position="rope"` | a `FrequencyRotaryEmbedding` with `spec.rope_inverse_frequencies()` |
+| `position="rope"` | a `FrequencyRotaryEmbedding` with `spec.rope_inverse_frequencies()` and `spec.rope_attention_scaling` |
 | `position="learned"` | `position_encoding="learned"`, `max_length=max_positions` |
 | `sliding_window` | `sliding_window` (the same meaning) |
 | `tie_word_embeddings` | `tie_embeddings` (the head projects with the token table) |
@@ -27,7 +27,7 @@ import keras
 import numpy as np
 
 from keras_attn._checks import check_one_of
-from keras_attn.checkpoints.canonical import check_canonical
+from keras_attn.checkpoints.canonical import check_canonical, check_spec
 from keras_attn.checkpoints.spec import ArchitectureSpec
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.rotary_frequencies import FrequencyRotaryEmbedding
@@ -49,7 +49,8 @@ def _decoder(spec: ArchitectureSpec, dtype: str, implementation: str, max_length
     position = "learned"
     if spec.position == "rope":
         position = FrequencyRotaryEmbedding(
-            [float(f) for f in spec.rope_inverse_frequencies()], name="rotary_embedding")
+            [float(f) for f in spec.rope_inverse_frequencies()], name="rotary_embedding",
+            attention_scaling=spec.rope_attention_scaling)
     if spec.position == "learned":
         if max_length is not None and max_length > spec.max_positions:
             raise ValueError(
@@ -281,10 +282,7 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
     >>> model = build_model(spec, weights)
     >>> model({"token_ids": ids, "padding_mask": ids >= 0}).shape  # (B, T, 151936)
     """
-    if not isinstance(spec, ArchitectureSpec):
-        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
-            f"Argument `spec` must be an ArchitectureSpec. Received: "
-            f"spec={type(spec).__name__}")
+    check_spec(spec)
     dtype = spec.dtype if dtype is None else dtype
     check_one_of("dtype", dtype, DTYPES)
     check_one_of("implementation", implementation, IMPLEMENTATIONS)
@@ -322,6 +320,7 @@ def generation_ids(spec: ArchitectureSpec) -> dict:
         `transformers` pads; 0 when it has neither) and `suppressed_ids=()` (a checkpoint's
         own ids may all be generated, unlike keras_attn's reserved ones).
     """
+    check_spec(spec)
     eos = tuple(spec.eos_token_ids)
     pad = spec.pad_token_id
     if pad is None:
