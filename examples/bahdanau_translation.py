@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 
+from example_utils import rate
 from translation_common import parse_args, run
 
 DEFAULTS = {
@@ -33,7 +34,7 @@ MODEL_FLAGS = {
     "num_layers": (int, "stacked GRU layers in the encoder and in the decoder"),
     "embed_dim": (int, "width of the token embeddings"),
     "units": (int, "size of the GRU states and of the attention"),
-    "dropout": (float, "dropout rate"),
+    "dropout": (rate, "dropout rate, in [0, 1)"),
 }
 
 USAGE = (

@@ -17,6 +17,7 @@ US): this project's machines keep a copy at ../shared/data/timemachine.txt from 
     python examples/char_lm.py --download --out /tmp/char_lm
     python examples/char_lm.py --epochs 2 --out /tmp/char_lm
     python examples/char_lm.py --data path/to/book.txt --num-layers 4 --embed-dim 256
+    python examples/char_lm.py --prompt "the time machine " --prompt "weena"
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import re
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from example_utils import HelpFormatter, positive
 
 DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
                             "shared", "data", "timemachine.txt")
@@ -36,17 +37,16 @@ BOOK_URL = "https://www.gutenberg.org/cache/epub/35/pg35.txt"
 # The book's normalization, for training and for the exported signature's prompts: lowercase,
 # then every run of anything but a-z one space.
 NOT_LETTERS = "[^a-z]+"
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
-                     argparse.RawDescriptionHelpFormatter):
-    """Every option's default shown; the epilog's lines kept as written."""
+# What the run continues at three temperatures when no --prompt is given, and how: 80 new
+# characters in a cache of 128 positions (<bos>, the prompt and the continuation).
+PROMPTS = ("the time traveller ", "it was ")
+SAMPLE_NEW, SAMPLE_LENGTH = 80, 128
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0].replace("\n", " "),
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="the book: Project Gutenberg's The Time Machine (eBook #35, public domain in the "
                "US),\n  at ../shared/data/timemachine.txt on this project's machines;\n"
                f"  elsewhere --download fetches it from {BOOK_URL}\n"
@@ -66,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="batches per epoch (windows drawn at random from the book)")
     parser.add_argument("--batch-size", type=int, default=64, help="windows per batch")
     parser.add_argument("--seq-len", type=int, default=64, help="characters per example")
-    parser.add_argument("--learning-rate", type=float, default=3e-3,
+    parser.add_argument("--learning-rate", type=positive, default=3e-3,
                         help="AdamW's peak rate, decayed to 0 over the run (cosine)")
     parser.add_argument("--num-layers", type=int, default=2, help="decoder blocks")
     parser.add_argument("--embed-dim", type=int, default=128, help="model width")
@@ -77,9 +77,22 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="hidden width of each block's SwiGLU feed-forward network")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the weights, the windows and the samples")
+    parser.add_argument("--prompt", action="append", default=None,
+                        help="text to continue after training, at temperatures 0, 0.6 and 1 "
+                             "(repeat for several; normalized as the book: lowercased, "
+                             "anything but a-z one space) (default: "
+                             + " and ".join(repr(p) for p in PROMPTS) + ")")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier run's SavedModel in --out")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.prompt = args.prompt or list(PROMPTS)
+    longest = SAMPLE_LENGTH - 1 - SAMPLE_NEW
+    for prompt in args.prompt:
+        if len(standardize(prompt)) > longest:
+            parser.error(f"--prompt must be at most {longest} characters once normalized "
+                         f"(room for <bos> and {SAMPLE_NEW} new ones). Received: --prompt "
+                         f"{prompt!r}")
+    return args
 
 
 def standardize(text: str) -> str:
@@ -128,8 +141,9 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     from example_utils import (
         check_run_dirs,
-        clear_export_dir,
+        fit_verbosity,
         import_tensorflow_quietly,
+        write_export,
     )
 
     export_dir = os.path.join(args.out, "saved_model")
@@ -143,7 +157,7 @@ def main(argv=None) -> dict:
 
     import keras_attn as ka
     from keras_attn.export_generator import export_generator
-    from keras_attn.tokens import BOS_ID, RESERVED_TOKENS
+    from keras_attn.tokens import BOS_ID, RESERVED_TOKENS, UNK_ID
     from keras_attn.viz import plot_history, show_heatmaps
 
     keras.utils.set_random_seed(args.seed)
@@ -181,7 +195,8 @@ def main(argv=None) -> dict:
                   loss=ka.metrics.MaskedSequenceLoss())
     start = time.perf_counter()
     history = model.fit(train_ds, validation_data=val_ds, epochs=args.epochs,
-                        steps_per_epoch=args.steps_per_epoch, shuffle=False, verbose=2)
+                        steps_per_epoch=args.steps_per_epoch, shuffle=False,
+                        verbose=fit_verbosity())
     seconds = time.perf_counter() - start
     val_loss = float(model.evaluate(val_ds, verbose=0))
     perplexity = math.exp(val_loss)
@@ -189,14 +204,14 @@ def main(argv=None) -> dict:
           f"after {seconds:.0f} s of training")
 
     os.makedirs(args.out, exist_ok=True)
-    prompts = ["the time traveller ", "it was "]
+    prompts = [standardize(prompt) for prompt in args.prompt]  # as the book was read
     prompt_ids = np.zeros((len(prompts), max(map(len, prompts)) + 1), "int32")
     for row, prompt in enumerate(prompts):
-        prompt_ids[row, :len(prompt) + 1] = [BOS_ID] + [index[c] for c in prompt]
+        prompt_ids[row, :len(prompt) + 1] = [BOS_ID] + [index.get(c, UNK_ID) for c in prompt]
     samples = {}
     for temperature in (0.0, 0.6, 1.0):
         tokens = keras.ops.convert_to_numpy(ka.decoding.generate(
-            model, prompt_ids, 128, max_new_tokens=80, strategy="sample",
+            model, prompt_ids, SAMPLE_LENGTH, max_new_tokens=SAMPLE_NEW, strategy="sample",
             temperature=temperature, top_p=0.95, seed=args.seed))
         texts = ["".join(vocabulary[t] for t in row if t >= 4) for row in tokens]
         samples[str(temperature)] = texts
@@ -217,13 +232,12 @@ def main(argv=None) -> dict:
                            "'the time traveller smiled'",
                   path=os.path.join(args.out, "attention.png"), xticklabels=labels,
                   yticklabels=labels)
-    if args.overwrite:
-        clear_export_dir(export_dir)
-    export_generator(model, vocabulary, export_dir, max_length=128, standardize=standardize_tf)
+    write_export(export_dir, lambda path: export_generator(
+        model, vocabulary, path, max_length=128, standardize=standardize_tf))
     served = serve(export_dir)
     metrics = {"validation_perplexity": perplexity, "validation_loss": val_loss,
                "train_loss": float(history.history["loss"][-1]),
-               "training_seconds": seconds, "samples": samples,
+               "training_seconds": seconds, "prompts": prompts, "samples": samples,
                "parameters": int(model.count_params()), "saved_model": export_dir,
                "served": served}
     with open(os.path.join(args.out, "metrics.json"), "w") as file:

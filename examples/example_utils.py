@@ -1,16 +1,21 @@
-"""What every example script shares: a quiet TensorFlow start, and run directories that never
-silently replace an earlier run's results.
+"""What every example script shares: a quiet TensorFlow start, number options checked when
+they are parsed, run directories that never silently replace an earlier run's results, an
+export that replaces an earlier SavedModel only once the new one is written, and one line per
+epoch in logs.
 
 Imported by the scripts before anything that imports TensorFlow or Keras.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -102,6 +107,85 @@ def clear_export_dir(export_dir: str) -> None:
     export holds no stale files; `check_run_dirs` has refused anything else."""
     if _is_saved_model(export_dir):
         shutil.rmtree(export_dir)
+
+
+def write_export(export_dir: str, write: Callable[[str], object]) -> None:
+    """Runs `write(path)` (an exporter writing a SavedModel at `path`) into a new directory
+    beside `export_dir`, and only once it has succeeded puts it in place of `export_dir`,
+    removing an earlier SavedModel there then: an export that fails (a bad argument, a full
+    disk) leaves the earlier SavedModel as it was."""
+    parent = os.path.dirname(os.path.abspath(export_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(export_dir)}.partial-", dir=parent)
+    try:
+        write(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    clear_export_dir(export_dir)
+    if os.path.isdir(export_dir) and not os.listdir(export_dir):
+        os.rmdir(export_dir)  # an empty directory made beforehand
+    os.replace(staging, export_dir)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                    argparse.RawDescriptionHelpFormatter):
+    """`--help` with every option's default shown (unless its help says it, or it has none)
+    and the description's and epilog's lines kept as written."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or "") or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def fit_verbosity() -> int:
+    """The `verbose` of `model.fit` in the examples: the progress bar (1) on a terminal, one
+    line per epoch (2) when stdout is a file or a pipe, where the bar's carriage returns and
+    control characters would fill the log."""
+    return 1 if sys.stdout.isatty() else 2
+
+
+def number(minimum: float | None = None, strict: bool = False, maximum: float | None = None,
+           strict_maximum: bool = False) -> Callable[[str], float]:
+    """An argparse `type` for a float option: finite (nan and inf refused) and in range.
+
+    Args:
+        minimum: the smallest value allowed, or None. Defaults to `None`.
+        strict: the value must be `> minimum`, not `>=`. Defaults to `False`.
+        maximum: the largest value allowed, or None. Defaults to `None`.
+        strict_maximum: the value must be `< maximum`. Defaults to `False`.
+
+    Returns:
+        A function of the option's text: the float, or `argparse.ArgumentTypeError` (argparse
+        then exits with status 2, naming the option and the value).
+    """
+    bounds = []
+    if minimum is not None:
+        bounds.append(f"{'>' if strict else '>='} {minimum:g}")
+    if maximum is not None:
+        bounds.append(f"{'<' if strict_maximum else '<='} {maximum:g}")
+    expected = "a finite number" + (" " + " and ".join(bounds) if bounds else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or (minimum is not None and (
+                value <= minimum if strict else value < minimum)) or (
+                maximum is not None and (value >= maximum if strict_maximum
+                                         else value > maximum)):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+# The float options of the examples.
+positive = number(0, strict=True)  # learning rates, seconds
+non_negative = number(0)  # temperatures, penalties
+rate = number(0, maximum=1, strict_maximum=True)  # dropout, label smoothing: [0, 1)
 
 
 def time_budget_callback(seconds: float, learning_rate: float, warmup_steps: int = 0,

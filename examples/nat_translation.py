@@ -37,7 +37,7 @@ import os
 import sys
 import time
 
-from example_utils import clear_export_dir, import_tensorflow_quietly
+from example_utils import fit_verbosity, import_tensorflow_quietly, write_export
 from transformer_translation import MODEL_FLAGS
 from translation_common import (
     TASK_NAMES,
@@ -270,12 +270,10 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
     prints them, and compares them with the same computation in Python."""
     from keras_attn.export import export_nat_translator, make_nat_translate_fn
 
-    if args.overwrite:
-        clear_export_dir(args.export_dir)
     options = {"iterations": args.iterations, "length_beam": args.length_beam,
                **data.text_options}
-    export_nat_translator(model, data.source_vectorizer, data.target_vectorizer,
-                          args.export_dir, **options)
+    write_export(args.export_dir, lambda path: export_nat_translator(
+        model, data.source_vectorizer, data.target_vectorizer, path, **options))
     texts = served_inputs(data, raw_texts)
     in_python = make_nat_translate_fn(model, data.source_vectorizer,
                                       data.target_vectorizer.get_vocabulary(),
@@ -338,7 +336,7 @@ def main(argv=None) -> dict:
     epochs, callbacks = fit_plan(args)
     start = time.perf_counter()
     history = model.fit(train, validation_data=validation, epochs=epochs, shuffle=False,
-                        callbacks=callbacks, verbose=2 if os.environ.get("CI") else 1)
+                        callbacks=callbacks, verbose=fit_verbosity())
     train_seconds = time.perf_counter() - start
     budget = callbacks[0].summary() if callbacks else {}
     keras.config.set_dtype_policy("float32")

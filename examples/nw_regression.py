@@ -14,6 +14,8 @@ the attention weights of both NW poolings on one shared colour scale
 (history.png).
 
     python examples/nw_regression.py --out runs/nw
+
+An OUT that holds an earlier run's metrics.json is refused unless --overwrite is given.
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ import argparse
 import json
 import os
 import time
+from typing import TYPE_CHECKING
 
-from example_utils import import_tensorflow_quietly
+from example_utils import (
+    check_run_dirs,
+    fit_verbosity,
+    import_tensorflow_quietly,
+    positive,
+)
 
-import_tensorflow_quietly()
-
-import keras
-import numpy as np
-
-from keras_attn.data.nw import make_kernel_regression_data
-from keras_attn.layers import NWPooling
-from keras_attn.viz import plot_history, plot_kernel_reg, show_heatmaps
+if TYPE_CHECKING:
+    import keras
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -45,16 +47,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=50,
                         help="training queries per SGD step; 50 = the whole training set "
                              "(default: %(default)s)")
-    parser.add_argument("--learning-rate", type=float, default=0.5,
+    parser.add_argument("--learning-rate", type=positive, default=0.5,
                         help="SGD learning rate (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     parser.add_argument("--out", default="runs/nw_regression",
                         help="output directory (default: %(default)s)")
-    return parser.parse_args(argv)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results of an earlier run in OUT (default: refuse)")
+    args = parser.parse_args(argv)
+    problem = check_run_dirs(args.out, None, args.overwrite)
+    if problem:
+        parser.error(problem)
+    return args
 
 
 def build_parametric_model(num_train: int) -> keras.Model:
     """query (1,) attends over keys (n,) and values (n,), with a (1, n) mask."""
+    import keras
+
+    from keras_attn.layers import NWPooling
+
     query = keras.Input((1,), name="query")
     keys = keras.Input((num_train,), name="keys")
     values = keras.Input((num_train,), name="values")
@@ -64,7 +76,15 @@ def build_parametric_model(num_train: int) -> keras.Model:
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
+    args = parse_args(argv)  # before TensorFlow is imported: --help and refusals are quick
+    import_tensorflow_quietly()
+    import keras
+    import numpy as np
+
+    from keras_attn.data.nw import make_kernel_regression_data
+    from keras_attn.layers import NWPooling
+    from keras_attn.viz import plot_history, plot_kernel_reg, show_heatmaps
+
     os.makedirs(args.out, exist_ok=True)
     keras.utils.set_random_seed(args.seed)
     data = make_kernel_regression_data(seed=args.seed)
@@ -91,7 +111,7 @@ def main(argv=None) -> dict:
     ]
     start = time.perf_counter()
     history = model.fit(train_inputs, data.y_train[:, None], epochs=args.epochs,
-                        batch_size=args.batch_size, shuffle=True, verbose=2)
+                        batch_size=args.batch_size, shuffle=True, verbose=fit_verbosity())
     train_seconds = time.perf_counter() - start
     nw_layer = model.get_layer("nw")
     y_param, w_param = nw_layer(x_test, x_train, y_train, return_attention_scores=True)

@@ -23,24 +23,37 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from example_utils import check_run_dirs, clear_export_dir, import_tensorflow_quietly
+from example_utils import (
+    HelpFormatter,
+    check_run_dirs,
+    import_tensorflow_quietly,
+    non_negative,
+    number,
+    write_export,
+)
 
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
     parser.add_argument("checkpoint", help="a Hugging Face checkpoint directory")
     parser.add_argument("--prompt", action="append", default=None,
-                        help="a prompt (repeat for a batch). Default: 'The'")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="0 = every token")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
+                        help="a prompt (repeat for a batch) (default: 'The')")
+    parser.add_argument("--max-new-tokens", type=int, default=48,
+                        help="tokens to generate per prompt")
+    parser.add_argument("--temperature", type=non_negative, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0,
+                        help="sample among the k likeliest tokens; 0 = every token")
+    parser.add_argument("--top-p", type=number(0, strict=True, maximum=1), default=1.0,
+                        help="sample among the likeliest tokens holding this probability; "
+                             "1 = every token")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="the model's dtype (default: the checkpoint's)")
-    parser.add_argument("--out", default="runs/pretrained_generate")
+    parser.add_argument("--out", default="runs/pretrained_generate",
+                        help="directory for metrics.json and saved_model/")
     parser.add_argument("--max-length", type=int, default=None,
                         help="positions of the exported generator: prompt and new tokens "
                              "(default: 2 * --max-new-tokens + 8, at least 64; at most a "
@@ -54,12 +67,25 @@ def parse_args(argv=None) -> argparse.Namespace:
                      "directory (e.g. from `huggingface-cli download ... --local-dir DIR`)")
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if not args.temperature >= 0:
-        parser.error(f"--temperature must be >= 0, got {args.temperature}")
-    if args.top_k < 0 or not 0 < args.top_p <= 1 or args.seed < 0:
-        parser.error("--top-k and --seed must be >= 0 and --top-p in (0, 1]")
+    if args.top_k < 0 or args.seed < 0:
+        parser.error("--top-k and --seed must be >= 0")
+    if args.max_length is not None and (args.no_export or args.max_length < 3):
+        parser.error("--max-length sets the exported generator's positions: at least 3, and "
+                     f"not with --no-export. Received: --max-length {args.max_length}")
     args.prompt = args.prompt or ["The"]
     return args
+
+
+def export_length(args, spec) -> int:
+    """The exported generator's positions: `--max-length`, or its default; refused (exit)
+    beyond a checkpoint's learned positions."""
+    if args.max_length is None:
+        length = max(64, 2 * args.max_new_tokens + 8)
+        return min(length, spec.max_positions) if spec.position == "learned" else length
+    if spec.position == "learned" and args.max_length > spec.max_positions:
+        raise SystemExit(f"--max-length must be at most the checkpoint's {spec.max_positions} "
+                         f"learned positions. Received: --max-length {args.max_length}")
+    return args.max_length
 
 
 def generate(model, tokenizer, spec, prompts, args) -> tuple[list[str], float, int]:
@@ -118,6 +144,7 @@ def main(argv=None) -> dict:
     model, tokenizer, spec = from_pretrained(args.checkpoint, dtype=args.dtype)
     if spec.task != "causal_lm":
         raise SystemExit(f"{args.checkpoint} is a {spec.source}, not a causal language model")
+    max_length = None if export_dir is None else export_length(args, spec)
     print(f"loaded {spec.source} ({spec.num_layers} layers, d {spec.hidden_size}, "
           f"{model.count_params():,} parameters, {model.weights[0].dtype}) in "
           f"{time.perf_counter() - start:.1f} s")
@@ -135,11 +162,9 @@ def main(argv=None) -> dict:
     if export_dir is not None:
         from keras_attn.export_generator import export_checkpoint_generator
 
-        clear_export_dir(export_dir)
-        max_length = args.max_length or max(64, 2 * args.max_new_tokens + 8)
-        if spec.position == "learned":
-            max_length = min(max_length, spec.max_positions)
-        export_checkpoint_generator(model, tokenizer, spec, export_dir, max_length)
+        # The earlier SavedModel is replaced only once the new one is written.
+        write_export(export_dir, lambda path: export_checkpoint_generator(
+            model, tokenizer, spec, path, max_length))
         metrics["saved_model"] = export_dir
         metrics["export_max_length"] = max_length
         print(f"exported the generate signature (max_length {max_length}) to {export_dir}")

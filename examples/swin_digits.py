@@ -19,19 +19,18 @@ import argparse
 import json
 import os
 import time
+from typing import TYPE_CHECKING
 
-from example_utils import check_run_dirs, clear_export_dir, import_tensorflow_quietly
+from example_utils import (
+    check_run_dirs,
+    fit_verbosity,
+    import_tensorflow_quietly,
+    positive,
+    write_export,
+)
 
-import_tensorflow_quietly()
-
-import keras
-import numpy as np
-import tensorflow as tf
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-
-from keras_attn.layers import PatchEmbedding, PatchMerging, SwinBlock
-from keras_attn.viz import plot_history, show_heatmaps
+if TYPE_CHECKING:
+    import keras
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=90, help="(default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
-    parser.add_argument("--learning-rate", type=float, default=3e-3,
+    parser.add_argument("--learning-rate", type=positive, default=3e-3,
                         help="peak AdamW learning rate, after a warm-up and cosine-decayed "
                              "(default: %(default)s)")
     parser.add_argument("--embed-dim", type=int, default=32,
@@ -69,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_data(seed: int, smoke: bool):
     """Images `(n, 8, 8, 1)` scaled to [0, 1] and labels; a stratified 80 / 20 split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     images = (digits.images / 16.0).astype("float32")[..., None]
     x_train, x_test, y_train, y_test = train_test_split(
@@ -82,6 +84,10 @@ def load_data(seed: int, smoke: bool):
 
 def build_model(embed_dim: int = 32) -> keras.Model:
     """8 × 8 × 1 image -> 10 logits. Augmentation is the only regularizer (no dropout)."""
+    import keras
+
+    from keras_attn.layers import PatchEmbedding, PatchMerging, SwinBlock
+
     images = keras.Input((8, 8, 1), name="images")
     # One pixel per token: no LayerNorm on a linear map of a scalar (it would squash intensity).
     x = PatchEmbedding(patch_size=1, embed_dim=embed_dim, use_norm=False,
@@ -101,6 +107,8 @@ def build_trainer(model: keras.Model) -> keras.Model:
     """The classifier behind random shifts of up to one pixel: 1437 images are few for a
     transformer. Kept out of the classifier itself, so the export holds no augmentation (Keras
     random layers default to `training=True` when the serving signature calls them)."""
+    import keras
+
     return keras.Sequential(
         [keras.Input((8, 8, 1)),
          keras.layers.RandomTranslation(0.125, 0.125, fill_mode="constant", name="augment"),
@@ -111,6 +119,11 @@ def build_trainer(model: keras.Model) -> keras.Model:
 
 def draw_attention(model: keras.Model, images, labels, out_dir: str) -> list[str]:
     """Heatmaps of the 4 windows × 2 heads of the first two blocks for one test image."""
+    import keras
+    import numpy as np
+
+    from keras_attn.viz import show_heatmaps
+
     image = images[:1]
     predicted = int(np.argmax(keras.ops.convert_to_numpy(model(image, training=False))[0]))
     tokens = model.get_layer("patch_embedding")(image)
@@ -136,15 +149,25 @@ def draw_attention(model: keras.Model, images, labels, out_dir: str) -> list[str
 
 
 def export_and_check(model: keras.Model, export_dir: str, x_test) -> float:
-    """Exports the SavedModel, reloads it with TensorFlow alone and compares predictions."""
-    model.export(export_dir, verbose=False)
+    """Exports the SavedModel (in place of an earlier one only once written), reloads it with
+    TensorFlow alone and compares predictions."""
+    import numpy as np
+    import tensorflow as tf
+
+    write_export(export_dir, lambda path: model.export(path, verbose=False))
     reloaded = tf.saved_model.load(export_dir)
     served = reloaded.serve(tf.constant(x_test)).numpy()
     return float(np.max(np.abs(served - model.predict(x_test, verbose=0))))
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
+    args = parse_args(argv)  # before TensorFlow is imported: --help and refusals are quick
+    import_tensorflow_quietly()
+    import keras
+    import numpy as np
+
+    from keras_attn.viz import plot_history
+
     os.makedirs(args.out, exist_ok=True)
     keras.utils.set_random_seed(args.seed)
     x_train, y_train, x_test, y_test = load_data(args.seed, args.smoke)
@@ -164,7 +187,7 @@ def main(argv=None) -> dict:
     )
     start = time.perf_counter()
     history = trainer.fit(x_train, y_train, epochs=args.epochs, batch_size=args.batch_size,
-                        validation_split=0.1, verbose=1)
+                        validation_split=0.1, verbose=fit_verbosity())
     train_seconds = time.perf_counter() - start
     test_loss, test_accuracy = trainer.evaluate(x_test, y_test, verbose=0)  # no augmentation
 
@@ -173,8 +196,6 @@ def main(argv=None) -> dict:
                  metrics=["loss", "accuracy"],
                  title="Swin on 8 × 8 digits: cross-entropy and accuracy (validation: 10% of "
                        "the training images)")
-    if args.overwrite:
-        clear_export_dir(args.export_dir)
     export_diff = export_and_check(model, args.export_dir, x_test)
     metrics = {
         "test_accuracy": float(test_accuracy),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 
+from example_utils import rate
 from translation_common import parse_args, run
 
 DEFAULTS = {
@@ -41,7 +42,7 @@ MODEL_FLAGS = {
     "embed_dim": (int, "width of the token embeddings and of every block"),
     "num_heads": (int, "attention heads (must divide --embed-dim)"),
     "ffn_dim": (int, "hidden width of the position-wise feed-forward networks"),
-    "dropout": (float, "dropout rate"),
+    "dropout": (rate, "dropout rate, in [0, 1)"),
 }
 
 USAGE = (

@@ -7,10 +7,9 @@ combinations refused before anything runs.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 
-from example_utils import check_run_dirs
+from example_utils import check_run_dirs, non_negative, positive, rate
 
 # The length penalty of keras_attn's beam search, and so of runs written before
 # `--length-penalty` existed (their metrics.json has no "length_penalty").
@@ -112,7 +111,7 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
                              + _default_text(defaults, "num_examples").replace("None", "all"))
     parser.add_argument("--epochs", type=int, default=None,
                         help="training epochs " + _default_text(defaults, "epochs"))
-    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--time-budget", type=positive, default=None, metavar="SECONDS",
                         help="train for this many seconds instead of a number of epochs: "
                              f"warm-up (over the first {100 * WARMUP_FRACTION:.0f}%% of the "
                              "seconds unless --warmup-steps is given), then the peak learning "
@@ -122,7 +121,7 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
                              "--epochs)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="training pairs per step " + _default_text(defaults, "batch_size"))
-    parser.add_argument("--learning-rate", type=float, default=None,
+    parser.add_argument("--learning-rate", type=positive, default=None,
                         help="peak Adam learning rate, cosine-decayed over the run "
                              + _default_text(defaults, "learning_rate"))
     for name, (kind, text) in {**(model_flags or {}), **(script_flags or {})}.items():
@@ -155,7 +154,7 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
     parser.add_argument("--beam-size", type=int, default=None,
                         help="beam of the scores and the export; 1 = greedy decoding "
                              + _default_text(_with_key(defaults, "beam_size", 1), "beam_size"))
-    parser.add_argument("--length-penalty", type=float, default=None, metavar="ALPHA",
+    parser.add_argument("--length-penalty", type=non_negative, default=None, metavar="ALPHA",
                         help="GNMT length-penalty exponent of beam search and of the exported "
                              "scores: hypotheses rank by log P / ((5 + length) / 6) ** ALPHA, "
                              "so a larger ALPHA favours longer translations "
@@ -180,7 +179,7 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
     parser.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"),
                         default=None, help="Keras dtype policy of training "
                         + _default_text(defaults, "precision"))
-    parser.add_argument("--label-smoothing", type=float, default=None,
+    parser.add_argument("--label-smoothing", type=rate, default=None,
                         help="mass of each target token spread over the vocabulary in the loss "
                              + _default_text(defaults, "label_smoothing"))
     parser.add_argument("--warmup-steps", type=int, default=None,
@@ -232,9 +231,6 @@ def _contradiction(args) -> str | None:
     if args.epochs is not None and args.epochs < 1:
         return f"--epochs must be at least 1. Received: --epochs {args.epochs}"
     if args.time_budget is not None:
-        if not args.time_budget > 0:
-            return ("--time-budget must be a positive number of seconds. "
-                    f"Received: --time-budget {args.time_budget}")
         for name in ("epochs", "resume", "interrupt_after"):
             if name in args.given:
                 return (f"{_flag(name)} cannot be combined with --time-budget (the budget sets "
@@ -245,9 +241,6 @@ def _contradiction(args) -> str | None:
     for name in ("beam_size", "average_checkpoints"):
         if getattr(args, name) < 1:
             return f"{_flag(name)} must be at least 1. Received: {_flag(name)} {getattr(args, name)}"
-    if not (math.isfinite(args.length_penalty) and args.length_penalty >= 0):
-        return ("--length-penalty must be a finite number >= 0. "
-                f"Received: --length-penalty {args.length_penalty}")
     if "average_checkpoints" in args.given and args.time_budget is None:
         return ("--average-checkpoints applies to --time-budget runs (it averages the weights "
                 "of the budget's last moments)")

@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 
 from example_utils import (
-    clear_export_dir,
+    fit_verbosity,
     import_tensorflow_quietly,
     time_budget_callback,
+    write_export,
 )
 
 # parse_args and DATES_HELP are re-exported for the scripts and their tests.
@@ -368,11 +369,10 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
     SavedModel, prints the outputs with their scores, and compares them with Python."""
     from keras_attn.export import export_translator, make_translate_fn
 
-    if args.overwrite:
-        clear_export_dir(args.export_dir)
-    export_translator(model, data.source_vectorizer, data.target_vectorizer, args.export_dir,
-                      max_length=data.target_length, beam_size=args.beam_size,
-                      length_penalty=args.length_penalty, **data.text_options)
+    write_export(args.export_dir, lambda path: export_translator(
+        model, data.source_vectorizer, data.target_vectorizer, path,
+        max_length=data.target_length, beam_size=args.beam_size,
+        length_penalty=args.length_penalty, **data.text_options))
     texts = served_inputs(data, raw_texts)
     in_python = make_translate_fn(model, data.source_vectorizer,
                                   data.target_vectorizer.get_vocabulary(), data.target_length,
@@ -521,7 +521,7 @@ def run(name: str, args, build_model: Callable, defaults: dict | None = None) ->
     start = time.perf_counter()
     # The dataset shuffles itself; shuffle=False tells Keras so (it warns otherwise).
     history = model.fit(train, validation_data=validation, epochs=epochs, shuffle=False,
-                        callbacks=callbacks, verbose=2 if os.environ.get("CI") else 1)
+                        callbacks=callbacks, verbose=fit_verbosity())
     train_seconds = time.perf_counter() - start
     budget = callbacks[0].summary() if args.time_budget is not None else {}
     keras.config.set_dtype_policy("float32")

@@ -171,3 +171,30 @@ def as_output_shape(output_dim, output_shape) -> tuple:
             )
         return (shape[0] if len(shape) == 1 else None), shape
     return output_dim, (None if output_dim is None else (output_dim,))
+
+
+def as_path(name: str, value) -> str:
+    """`value` (a str or `os.PathLike`, not empty) as a str path, else the ValueError naming
+    `name` (None, an empty string, bytes and numbers are refused: `""` would mean the working
+    directory without saying so)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        _fail(name, "a non-empty path (str or os.PathLike)", value)
+    return value
+
+
+def check_new_directory(name: str, value) -> str:
+    """`value` as a str path where a directory may be written without replacing anything:
+    it does not exist yet, or it is an empty directory. Otherwise the ValueError naming
+    `name` (an existing file, or a directory with files in it, is never written into)."""
+    path = as_path(name, value)
+    if os.path.exists(path) and not os.path.isdir(path):
+        _fail(name, "a directory to write (this path is an existing file)", value)
+    if os.path.isdir(path) and os.listdir(path):
+        found = sorted(os.listdir(path))
+        raise ValueError(
+            f"Received an invalid value for argument `{name}`, expected a new or empty "
+            f"directory: nothing already there is replaced. Received: {name}={value!r}, "
+            f"which holds {found[:8]}")
+    return path

@@ -48,7 +48,7 @@ import keras
 import tensorflow as tf
 
 from keras_attn import decoding
-from keras_attn._checks import check_number, check_positive_int
+from keras_attn._checks import check_new_directory, check_number, check_positive_int
 from keras_attn.data.subwords import SentencePieceVectorizer, detokenize_tf
 from keras_attn.data.translation import WHITESPACE
 from keras_attn.decoding.mask_predict import check_mask_predict_args
@@ -227,7 +227,8 @@ def export_translator(
             then holds tensorflow-text ops: serving needs `import tensorflow_text`).
         target_vectorizer: the target `TextVectorization` or `SentencePieceVectorizer`; its
             vocabulary detokenizes.
-        path: str, the SavedModel directory to write.
+        path: str, the SavedModel directory to write: a new or empty directory (an
+            existing file or non-empty directory is refused, never written into).
         max_length: int, most tokens to generate. Defaults to the target vectorizer's
             output length.
         beam_size: int, 1 for greedy search, more for beam search. Defaults to `1`.
@@ -253,6 +254,7 @@ def export_translator(
     translated from its first `Ls` tokens with `truncated=True`; unknown words map to the
     unknown id and usually lower the score. See the module docstring for the outputs.
     """
+    path = check_new_directory("path", path)
     _check_vectorizer("source_vectorizer", source_vectorizer)
     _check_vectorizer("target_vectorizer", target_vectorizer)
     check_positive_int("beam_size", beam_size)
@@ -335,7 +337,8 @@ def export_nat_translator(
         model: a `keras_attn.models.nat_seq2seq` model.
         source_vectorizer: the source `TextVectorization` (as for `export_translator`).
         target_vectorizer: the target `TextVectorization`; its vocabulary detokenizes.
-        export_dir: str, the SavedModel directory to write.
+        export_dir: str, the SavedModel directory to write: a new or empty directory (as
+            for `export_translator`).
         max_length: int, the longest output, at most the model's `max_target_length`.
             Defaults to `None` (the model's `max_target_length`).
         iterations: int >= 1, Mask-Predict iterations. Defaults to `10`.
@@ -357,6 +360,7 @@ def export_nat_translator(
     >>> translator = tf.saved_model.load("runs/nat/saved_model")
     >>> translator.signatures["translate"](text=tf.constant(["march 3rd, 2021"]))
     """
+    export_dir = check_new_directory("export_dir", export_dir)
     _check_vectorizer("source_vectorizer", source_vectorizer)
     _check_vectorizer("target_vectorizer", target_vectorizer)
     translate = make_nat_translate_fn(

@@ -12,7 +12,8 @@ Keras:
         temperature=tf.constant(0.8), top_k=tf.constant(0), top_p=tf.constant(0.9),
         seed=tf.constant(7))["text"]
 
-Signature `generate`: `prompt` tf.string `[None]`, `max_new_tokens` int32 `[]` (at least 1;
+Signature `generate`: `prompt` tf.string `[None]` (an empty batch gets empty outputs),
+`max_new_tokens` int32 `[]` (at least 1;
 `2**31 - 1` = as many as fit), `temperature` float32 `[]` (0 = greedy), `top_k` int32 `[]`
 (0 = all tokens), `top_p` float32 `[]` (1 = all), `seed` int32 `[]` → `text` tf.string `[None]`
 (the continuation, up to `<eos>`), `truncated` bool `[None]` (the prompt's beginning was cut,
@@ -38,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attn import decoding
-from keras_attn._checks import check_int, check_one_of
+from keras_attn._checks import check_int, check_new_directory, check_one_of
 from keras_attn.decoding import checks
 from keras_attn.tokens import BOS_ID, FIRST_WORD_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
 
@@ -85,8 +86,29 @@ def make_generate_fn(model, vocabulary: list[str], max_length: int, split: str =
         return {"text": tf.strings.reduce_join(pieces, axis=-1, separator=joiner),
                 "truncated": truncated, "context": context}
 
+    generate = answer_empty_batches(generate)
     generate.table = table  # a resource the SavedModel must track
     return generate
+
+
+# The prompt run in place of an empty batch: it encodes to at least one token with every
+# vocabulary and tokenizer (a character, a byte, or the unknown id).
+PLACEHOLDER_PROMPT = "a"
+
+
+def answer_empty_batches(generate):
+    """`generate` (a `generate` signature's graph function) answering an empty batch of
+    prompts with empty outputs: the decoding loop needs a row, so a placeholder prompt is run
+    (its settings checked as any call's) and its row dropped."""
+
+    def answered(prompt, max_new_tokens, temperature, top_k, top_p, seed):
+        batch = tf.shape(prompt)[0]
+        rows = tf.cond(batch > 0, lambda: prompt,
+                       lambda: tf.constant([PLACEHOLDER_PROMPT]))  # (max(B, 1),)
+        outputs = generate(rows, max_new_tokens, temperature, top_k, top_p, seed)
+        return {name: value[:batch] for name, value in outputs.items()}
+
+    return answered
 
 
 def export_generator(model, vocabulary: list[str], path: str, max_length: int,
@@ -98,7 +120,8 @@ def export_generator(model, vocabulary: list[str], path: str, max_length: int,
         model: a causal LM from `keras_attn.models.causal_lm` (a layer named "decoder").
         vocabulary: list of str, token `i` at index `i`, the reserved tokens first (`""`,
             `"[UNK]"`, `"<bos>"`, `"<eos>"`, as `keras_attn.tokens.RESERVED_TOKENS`).
-        path: str, the SavedModel directory to write.
+        path: str, the SavedModel directory to write: a new or empty directory (an
+            existing file or non-empty directory is refused, never written into).
         max_length: int, positions of the cache: prompt (with `<bos>`) and generated tokens.
         split: `"chars"` (a token per character) or `"whitespace"` (per word).
             Defaults to `"chars"`.
@@ -117,6 +140,7 @@ def export_generator(model, vocabulary: list[str], path: str, max_length: int,
     ...                  standardize=lambda s: tf.strings.regex_replace(
     ...                      tf.strings.lower(s), "[^a-z]+", " "))
     """
+    path = check_new_directory("path", path)
     check_int("max_length", max_length, 3)
     check_one_of("split", split, SPLITS)
     vocabulary = list(vocabulary)
@@ -206,7 +230,7 @@ def make_checkpoint_generate_fn(model, tokenizer, spec, max_length: int):
         text = tokenizer.decode(tf.ragged.boolean_mask(tokens, new & ~ended))
         return {"text": text, "truncated": truncated, "context": context}
 
-    return generate
+    return answer_empty_batches(generate)
 
 
 def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: int) -> str:
@@ -227,7 +251,8 @@ def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: i
         model: the causal LM of `keras_attn.checkpoints.build_model` (TensorFlow backend).
         tokenizer: its `CheckpointTokenizer` (`keras_attn.checkpoints.load_tokenizer`).
         spec: its `ArchitectureSpec` (the end and padding ids).
-        path: str, the SavedModel directory to write.
+        path: str, the SavedModel directory to write: a new or empty directory (as for
+            `export_generator`).
         max_length: int, positions of the cache: the prompt (with the template) and the
             generated tokens.
 
@@ -238,6 +263,10 @@ def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: i
     >>> model, tokenizer, spec = from_pretrained("path/to/Llama-3.2-1B", dtype="float32")
     >>> export_checkpoint_generator(model, tokenizer, spec, "runs/llama/saved_model", 256)
     """
+    from keras_attn.checkpoints.canonical import check_spec
+
+    path = check_new_directory("path", path)
+    check_spec(spec)
     check_int("max_length", max_length, 3)
     if spec.task != "causal_lm":
         raise ValueError(f"Argument `spec` must describe a causal language model. Received: "

@@ -18,16 +18,19 @@ fixture before changing it.
   `tokenizer.json`), `"wordpiece_cased"`.
 - `hf_checkpoint(name)`: `save_pretrained` directories of random-initialised transformers
   models with their tokenizer files (see CHECKPOINTS): Llama plain, with llama3 (sharded, a
-  list of eos ids in `generation_config.json`) and linear RoPE scaling, in bfloat16, with every
-  bias and the tanh GELU; Mistral with sliding_window=3; Qwen2 (tied embeddings), and with a
-  sliding window on every layer; GPT-2; `BertModel`; `BertForMaskedLM`.
+  list of eos ids in `generation_config.json`) and linear RoPE scaling, with a YaRN
+  `rope_scaling` beside `rope_parameters`, with both `model.safetensors` and a shard index of
+  other weights, in bfloat16, with every bias and the tanh GELU; Mistral with
+  sliding_window=3; Qwen2 (tied embeddings), and with a sliding window on every layer; GPT-2;
+  `BertModel`; `BertForMaskedLM`. The edited directories' expected outputs are those of the
+  model transformers loads from them.
 - `expected(name)`: what torch computed for that checkpoint: `state/<name>` (the stored state
   dict, float32; `bits/<name>` the raw bfloat16 bits), `ids`, `mask`, `token_type_ids`, and
   `logits` (or `hidden` and `pooled` for `BertModel`) of `model(ids, attention_mask=mask)`;
   for the causal LMs `generated`: `model.generate` greedy from `ids[:, :5]`, 20 new tokens
   (`(2, 25)`).
-- `rope_cases()`: Llama configs (default, linear, llama3 RoPE) with the inverse frequencies
-  `transformers.modeling_rope_utils` computes for them.
+- `rope_cases()`: Llama configs (default, linear, llama3, yarn RoPE) with the inverse
+  frequencies and attention scaling `transformers.modeling_rope_utils` computes for them.
 - `keras_hub_model(name)` (in process): tiny keras-hub tasks with random weights: `"gpt2"`,
   `"llama"`, `"llama3"`, `"mistral"`, `"bert_mlm"`, and the backbone `"bert"`.
 
@@ -230,13 +233,29 @@ CHECKPOINTS = {
                                             "rope_theta": 1000000.0}, {}),
     "qwen2_sliding": ("Qwen2ForCausalLM", "qwen2", {
         "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 0}, {}),
+    # transformers 4's `rope_scaling` beside transformers 5's `rope_parameters` in config.json
+    # (written after saving): transformers 5 applies the scaling, with the top-level theta.
+    # (Larger initial weights than transformers' 0.02, so that positions change the logits.)
+    "llama_yarn": ("LlamaForCausalLM", "sentencepiece", {"rope_theta": 1000.0,
+                                                         "initializer_range": 0.25}, {
+        "config_json": {"rope_theta": 1000.0,
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+                        "rope_scaling": {"type": "yarn", "factor": 4.0, "beta_fast": 8,
+                                         "original_max_position_embeddings": 4}}}),
+    # model.safetensors and a shard index of other weights: transformers reads the single file.
+    "llama_both": ("LlamaForCausalLM", "sentencepiece", {}, {"decoy_shards": True}),
     "gpt2": ("GPT2LMHeadModel", "gpt2", {}, {}),
     "bert": ("BertModel", "wordpiece", {}, {}),
     "bert_mlm": ("BertForMaskedLM", "wordpiece", {}, {}),
 }
 ROPE_CASES = [None, {"rope_type": "linear", "factor": 4.0},
               {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}]
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+              {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192},
+              {"rope_type": "yarn", "factor": 16.0, "beta_fast": 16.0, "beta_slow": 2.0,
+               "truncate": False, "mscale": 1.0, "mscale_all_dim": 0.5},
+              {"rope_type": "yarn", "factor": 2.0, "attention_factor": 1.5,
+               "original_max_position_embeddings": 65536}]
 
 
 def _config(name: str):
@@ -315,6 +334,10 @@ def _build_checkpoint(name: str) -> None:
     source = os.path.join(ROOT, f"tokenizer_{kind}")
     for file in os.listdir(source):
         shutil.copy(os.path.join(source, file), path)
+    if "config_json" in options or options.get("decoy_shards"):
+        _edit_saved(path, options)
+        # What transformers loads from the edited directory is what the tests compare with.
+        model = getattr(transformers, cls_name).from_pretrained(path).eval()
     stored = set(safetensors_names(path))
     arrays = {}
     for key, value in model.state_dict().items():
@@ -326,6 +349,31 @@ def _build_checkpoint(name: str) -> None:
                                     cls_name.startswith("Bert")))
     safetensors.numpy.save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()},
                                 os.path.join(ROOT, f"expected_{name}.safetensors"))
+
+
+def _edit_saved(path: str, options: dict) -> None:
+    """A saved checkpoint changed as its options say: `config_json` keys set in config.json;
+    `decoy_shards`: a shard index and shards of other weights (the stored ones + 1) beside the
+    single `model.safetensors`."""
+    import safetensors.numpy
+
+    if "config_json" in options:
+        config_path = os.path.join(path, "config.json")
+        with open(config_path, encoding="utf-8") as file:
+            config = json.load(file)
+        config.update(options["config_json"])
+        _write_json(config_path, config)
+    if options.get("decoy_shards"):
+        tensors = safetensors.numpy.load_file(os.path.join(path, "model.safetensors"))
+        names = sorted(tensors)
+        weight_map = {}
+        for i, part in enumerate((names[::2], names[1::2])):
+            shard = f"model-0000{i + 1}-of-00002.safetensors"
+            safetensors.numpy.save_file({name: tensors[name] + 1 for name in part},
+                                        os.path.join(path, shard), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(part, shard))
+        _write_json(os.path.join(path, "model.safetensors.index.json"),
+                    {"metadata": {}, "weight_map": weight_map})
 
 
 def safetensors_names(path: str) -> list[str]:

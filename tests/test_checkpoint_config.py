@@ -2,6 +2,7 @@
 and the RoPE inverse frequencies against transformers' own initialisation functions."""
 
 import copy
+import inspect
 
 import checkpoint_fixtures as fx
 import numpy as np
@@ -75,9 +76,20 @@ REFUSALS = [
     ("llama", {"architectures": None}, "architectures"),
     ("llama", {"model_type": "mistral"}, "model_type"),
     ("llama", {"use_qk_norm": True}, "use_qk_norm"),
-    ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+    ("llama", {"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0] * 2,
+                                   "long_factor": [2.0] * 2,
                                    "original_max_position_embeddings": 16}},
      "rope_parameters.rope_type"),
+    ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},  # beside
+     "rope_scaling.rope_type"),                                             # rope_parameters
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": "8"}},
+     "rope_scaling.beta_fast"),
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "truncate": 0}},
+     "rope_scaling.truncate"),
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "attention_factor": 0}},
+     "rope_scaling.attention_factor"),
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "low_freq_factor": 1.0}},
+     "rope_scaling.low_freq_factor"),
     ("llama", {"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
      "rope_scaling.rope_type"),
     ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
@@ -169,25 +181,52 @@ def test_honoured_options():
 
 
 def test_rope_frequencies_equal_transformers():
-    cases = fx.rope_cases()  # default, linear, llama3: computed by transformers
+    cases = fx.rope_cases()  # default, linear, llama3, yarn: computed by transformers
     assert [case["rope"] and case["rope"]["rope_type"] for case in cases] == [
-        None, "linear", "llama3"]
+        None, "linear", "llama3", "yarn", "yarn", "yarn"]
+    arguments = set(inspect.signature(rope_inverse_frequencies).parameters)
     for case in cases:
         expected = np.asarray(case["inv_freq"])
-        assert case["attention_scale"] == 1.0
         spec = spec_from_hf_config(case["config"])
+        rope = {key: value for key, value in (case["rope"] or {}).items() if key in arguments}
+        if rope.get("rope_type") == "yarn":
+            rope.setdefault("original_max_position_embeddings", 131072)  # transformers' default
         for ours in (spec.rope_inverse_frequencies(),
-                     rope_inverse_frequencies(128, 500000.0, **(case["rope"] or {}))):
+                     rope_inverse_frequencies(128, 500000.0, **rope)):
             assert ours.dtype == np.float32 and ours.shape == (64,)
             np.testing.assert_allclose(ours, expected, rtol=2e-6, err_msg=str(case["rope"]))
+        assert spec.rope_attention_scaling == pytest.approx(case["attention_scale"], rel=1e-12)
         if case["rope"] is not None:  # the scaling changes what is compared
             assert not np.allclose(expected, rope_inverse_frequencies(128, 500000.0))
+    assert {case["attention_scale"] for case in cases[3:]} != {1.0}  # YaRN's is not 1
+
+
+def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_5_reads_it():
+    # transformers 5: a non-empty `rope_scaling` replaces `rope_parameters` (whose theta goes
+    # with it: the top-level `rope_theta`, else 10000); an empty or null one is not read.
+    yarn = spec_from_hf_config(config_of("llama_yarn"))
+    assert (yarn.rope_type, yarn.rope_theta, yarn.rope_factor, yarn.rope_beta_fast,
+            yarn.rope_original_max_positions) == ("yarn", 1000.0, 4.0, 8, 4)
+    assert yarn.rope_attention_scaling == pytest.approx(0.1 * np.log(4.0) + 1)
+    config = config_of("llama_yarn")
+    del config["rope_theta"]
+    assert spec_from_hf_config(config).rope_theta == 10000.0
+    for empty in ({}, None):
+        config["rope_scaling"] = empty
+        spec = spec_from_hf_config(config)
+        assert (spec.rope_type, spec.rope_theta, spec.rope_attention_scaling) == (
+            "default", 500000.0, 1.0)
 
 
 ROPE_ERRORS = [
     ({"head_dim": 3, "theta": 1e4}, "head_dim"),
     ({"head_dim": 4, "theta": 0}, "theta"),
-    ({"head_dim": 4, "theta": 1e4, "rope_type": "yarn"}, "rope_type"),
+    ({"head_dim": 4, "theta": 1e4, "rope_type": "dynamic"}, "rope_type"),
+    ({"head_dim": 4, "theta": 1e4, "rope_type": "yarn"}, "factor"),
+    ({"head_dim": 4, "theta": 1e4, "rope_type": "yarn", "factor": 2.0},
+     "original_max_position_embeddings"),
+    ({"head_dim": 4, "theta": 1e4, "rope_type": "yarn", "factor": 2.0,
+      "original_max_position_embeddings": 8, "beta_slow": -1.0}, "beta_slow"),
     ({"head_dim": 4, "theta": 1e4, "rope_type": "linear"}, "factor"),
     ({"head_dim": 4, "theta": 1e4, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
       "high_freq_factor": 1.0, "original_max_position_embeddings": 8}, "high_freq_factor"),

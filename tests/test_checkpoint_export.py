@@ -10,13 +10,17 @@ import checkpoint_fixtures as fx
 import keras
 import numpy as np
 import pytest
+from export_utils import check_never_writes_over_anything
 
 pytestmark = pytest.mark.tf_only
 tf = pytest.importorskip("tensorflow")
 
 from keras_attn import decoding
 from keras_attn.checkpoints import from_pretrained, generation_ids
-from keras_attn.export_generator import export_checkpoint_generator
+from keras_attn.export_generator import (
+    export_checkpoint_generator,
+    make_checkpoint_generate_fn,
+)
 
 # tensorflow-text's package imports tf.keras; its op libraries alone are what the graph needs.
 SERVE = """
@@ -81,3 +85,21 @@ def test_export_refusals(tmp_path):
     bert, bert_tokenizer, bert_spec = from_pretrained(fx.hf_checkpoint("bert_mlm"))
     with pytest.raises(ValueError, match="causal language model"):
         export_checkpoint_generator(bert, bert_tokenizer, bert_spec, str(tmp_path / "b"), 32)
+    with pytest.raises(ValueError, match="argument `spec`"):  # was an AttributeError
+        export_checkpoint_generator(model, tokenizer, None, str(tmp_path / "c"), 32)
+    assert not any(tmp_path.iterdir())
+    check_never_writes_over_anything(
+        lambda path: export_checkpoint_generator(model, tokenizer, spec, path, 32), tmp_path)
+
+
+def test_an_empty_batch_of_prompts_gets_empty_outputs():
+    """The exported `generate` failed in ArgMax on an empty batch."""
+    model, tokenizer, spec = from_pretrained(fx.hf_checkpoint("gpt2"), dtype="float32")
+    generate = tf.function(make_checkpoint_generate_fn(model, tokenizer, spec, 16))
+    settings = (tf.constant(4), tf.constant(0.0), tf.constant(0), tf.constant(1.0),
+                tf.constant(0))
+    out = generate(tf.constant([], tf.string), *settings)
+    assert {name: value.shape.as_list() for name, value in out.items()} == {
+        "text": [0], "truncated": [0], "context": [0]}
+    one = generate(tf.constant(["The Time"]), *settings)  # and a batch is as before
+    assert one["text"].shape == (1,) and one["context"].numpy().tolist() == [b"The Time"]

@@ -3,6 +3,8 @@ indexes, bfloat16 kept or widened) and the config files, against torch's own sta
 
 import json
 import os
+import pathlib
+import re
 import shutil
 import sys
 
@@ -101,3 +103,92 @@ def test_reading_never_imports_torch(monkeypatch):
         monkeypatch.setitem(sys.modules, module, None)
     spec, weights = load_hf_checkpoint(fx.hf_checkpoint("llama3"))
     assert spec.architecture == "llama" and len(weights) == 21
+
+
+def test_a_single_file_beside_a_shard_index_is_what_is_read():
+    """transformers reads `model.safetensors` first; the shards beside it (other weights in
+    this fixture) were read instead (logits 12 apart on a real directory)."""
+    path = fx.hf_checkpoint("llama_both")
+    shards = read_safetensors(os.path.join(path, "model.safetensors.index.json"))
+    whole = read_safetensors(path)
+    expected = stored("llama_both")  # the model transformers loaded from this directory
+    assert set(whole) == set(shards) == set(expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(whole[key], value)
+        assert not np.array_equal(shards[key], value)
+
+
+def write_json(path, value):
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(value, file)
+
+
+def damaged(tmp_path, name, source="llama3"):
+    """A copy of a fixture checkpoint to damage."""
+    path = tmp_path / name
+    shutil.copytree(fx.hf_checkpoint(source), path)
+    return path
+
+
+def test_damaged_files_are_refused_naming_the_file_or_key(tmp_path):
+    """Each was a raw AttributeError, TypeError, SafetensorError, JSONDecodeError or
+    UnicodeDecodeError, or (a tensor in another shard than its index says) no error."""
+    index_name = "model.safetensors.index.json"
+    index = json.loads((damaged(tmp_path, "read") / index_name).read_text())
+    weight_map = index["weight_map"]
+    cases = []
+    path = damaged(tmp_path, "list")
+    write_json(path / index_name, list(weight_map))
+    cases.append((path, r"index\.json' does not hold a JSON object"))
+    path = damaged(tmp_path, "number")
+    name = min(weight_map)
+    write_json(path / index_name, {"weight_map": {**weight_map, name: 3}})
+    cases.append((path, re.escape(f"weight_map[{name!r}]=3")))
+    # A tensor the index places in another shard that is read too.
+    shards = sorted(set(weight_map.values()))
+    source = next(s for s in shards if list(weight_map.values()).count(s) > 1)  # still read
+    moved = next(key for key, shard in weight_map.items() if shard == source)
+    path = damaged(tmp_path, "wrong_shard")
+    write_json(path / index_name, {"weight_map": {
+        **weight_map, moved: next(s for s in shards if s != source)}})
+    cases.append((path, re.escape(f"holds the tensor {moved!r}, which its index")))
+    single = fx.hf_checkpoint("llama")
+    data = (pathlib.Path(single) / "model.safetensors").read_bytes()
+    for label, content in (("empty", b""), ("garbage", b"not a safetensors file at all"),
+                           ("header_cut", data[:100]), ("data_cut", data[:-64])):
+        path = damaged(tmp_path, label, "llama")
+        (path / "model.safetensors").write_bytes(content)
+        cases.append((path, r"model\.safetensors' is not a readable safetensors file"))
+    for label, content in (("not_json", b'{"architectures": ['),
+                           ("not_utf8", b'{"model_type": "\xff\xfe"}')):
+        path = damaged(tmp_path, label, "llama")
+        (path / "config.json").write_bytes(content)
+        cases.append((path, r"config\.json' is not (valid JSON|UTF-8 text)"))
+    for path, message in cases:
+        with pytest.raises(ValueError, match=message):
+            load_hf_checkpoint(str(path))
+
+
+def test_a_float64_checkpoint_names_a_tensor_and_the_way_out(tmp_path):
+    """It was refused later by `build_model` as "Received: dtype='float64'", an argument the
+    caller never passed."""
+    from safetensors.numpy import save_file
+
+    path = damaged(tmp_path, "float64", "llama")
+    tensors = read_safetensors(str(path))
+    save_file({key: value.astype(np.float64) for key, value in tensors.items()},
+              str(path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"stores '.+' as float64.*pass `dtype`"):
+        load_hf_checkpoint(str(path))
+    spec, weights = load_hf_checkpoint(str(path), dtype="float32")  # asked for: cast
+    assert spec.dtype == "float32" and weights["token_embedding/embeddings"].dtype == np.float32
+
+
+@pytest.mark.parametrize("value", [None, "", 3, b"dir"])
+def test_paths_that_are_no_paths_are_refused_by_name(value):
+    from keras_attn.checkpoints import from_pretrained
+
+    for call, name in ((from_pretrained, "directory"), (read_config, "directory"),
+                       (load_hf_checkpoint, "directory"), (read_safetensors, "path")):
+        with pytest.raises(ValueError, match=f"argument `{name}`"):
+            call(value)

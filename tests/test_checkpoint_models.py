@@ -184,6 +184,52 @@ def test_frequency_rotary_embedding():
         FrequencyRotaryEmbedding([1.0, 0.5])(x)
 
 
+def test_frequency_rotary_embedding_attention_scaling():
+    """YaRN's scaling of cos and sin: the rotated features times the factor, kept through
+    the config; refused unless a positive number."""
+    x = np.random.default_rng(2).normal(size=(2, 5, 3, 8)).astype("float32")
+    plain = FrequencyRotaryEmbedding([1.0, 0.3, 0.1, 0.01])
+    scaled = FrequencyRotaryEmbedding([1.0, 0.3, 0.1, 0.01], attention_scaling=1.25)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(scaled(x)),
+                               1.25 * keras.ops.convert_to_numpy(plain(x)), rtol=1e-6,
+                               atol=1e-6)
+    restored = FrequencyRotaryEmbedding.from_config(scaled.get_config())
+    assert restored.attention_scaling == 1.25
+    for bad in (0.0, -1.0, float("nan"), "2"):
+        with pytest.raises(ValueError, match="attention_scaling"):
+            FrequencyRotaryEmbedding([1.0], attention_scaling=bad)
+
+
+def test_yarn_scaling_changes_the_logits():
+    """Read as plain RoPE (the `rope_scaling` beside `rope_parameters` ignored), the YaRN
+    fixture's logits are far from transformers'; read as transformers reads it, equal
+    (`test_hf_checkpoint_outputs_match_torch`)."""
+    spec, weights = load_hf_checkpoint(fx.hf_checkpoint("llama_yarn"), dtype="float32")
+    plain = spec.replace(rope_type="default", rope_factor=None, rope_attention_scaling=1.0,
+                         rope_original_max_positions=None, rope_beta_fast=None)
+    expected = fx.expected("llama_yarn")
+    inputs = model_inputs(spec, expected["ids"], expected["mask"])
+    mask = expected["mask"]
+    ours = outputs_of(build_model(spec, weights), inputs)
+    wrong = outputs_of(build_model(plain, weights), inputs)
+    assert np.abs(ours[mask] - expected["logits"][mask]).max() < 1e-4
+    assert np.abs(wrong[mask] - expected["logits"][mask]).max() > 0.1
+
+
+def test_arguments_that_are_not_what_they_name_are_refused():
+    """Each was an AttributeError, TypeError or ZeroDivisionError."""
+    spec, weights = load_hf_checkpoint(fx.hf_checkpoint("llama"), dtype="float32")
+    model = build_model(spec)
+    for call, name in ((lambda: generation_ids(None), "spec"),
+                       (lambda: set_weights(model, spec, None), "weights"),
+                       (lambda: set_weights(model, None, weights), "spec"),
+                       (lambda: spec.replace(num_kv_heads=0), "num_kv_heads"),
+                       (lambda: spec.replace(head_dim=-4), "head_dim"),
+                       (lambda: spec.replace(vocab_size=2.5), "vocab_size")):
+        with pytest.raises(ValueError, match=f"rgument `{name}`"):
+            call()
+
+
 def test_what_the_assembly_cannot_express_is_refused():
     spec, weights = load_hf_checkpoint(fx.hf_checkpoint("llama"), dtype="float32")
     with pytest.raises(ValueError, match="final_norm"):

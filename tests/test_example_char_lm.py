@@ -23,13 +23,17 @@ def test_a_short_run_writes_everything(tmp_path):
     metrics = char_lm.main(["--out", str(out), "--epochs", "1", "--steps-per-epoch", "12",
                             "--batch-size", "8", "--seq-len", "16", "--embed-dim", "16",
                             "--num-heads", "2", "--num-kv-heads", "1", "--ffn-dim", "32",
-                            "--num-layers", "1"])
+                            "--num-layers", "1", "--prompt", "The Time!", "--prompt", "é"])
     for name in ("metrics.json", "history.png", "attention.png", "saved_model"):
         assert (out / name).exists(), name
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["validation_perplexity"] == pytest.approx(metrics["validation_perplexity"])
     assert 1.0 < saved["validation_perplexity"] < 31  # better than nothing, worse than perfect
     assert set(saved["samples"]) == {"0.0", "0.6", "1.0"}
+    # --prompt: what the samples continue, normalized as the book was read
+    assert saved["prompts"] == ["the time ", " "]
+    assert all(len(texts) == 2 for texts in saved["samples"].values())
+    assert saved["samples"]["0.0"][0].startswith("the time ")
     with pytest.raises(SystemExit, match="overwrite"):  # never silently over an earlier run
         char_lm.main(["--out", str(out), "--epochs", "1", "--steps-per-epoch", "1"])
     # The exported signature lowercases and keeps letters only, as the book was read: "The"
@@ -58,17 +62,22 @@ def test_a_missing_book_says_where_it_looked_and_where_to_get_it(tmp_path, monke
                       "--out", str(tmp_path / "o")])
 
 
-def test_help_shows_every_default_and_where_the_book_comes_from(capsys):
+def test_help_says_where_the_book_comes_from(capsys):
+    # Every default shown: test_example_options.test_help_shows_every_default.
     with pytest.raises(SystemExit):
         char_lm.parse_args(["--help"])
     text = capsys.readouterr().out
-    options = [block for block in text.split("\n  -")[1:] if block.startswith("-")]
-    valued = [block for block in options if block.split()[0].lstrip("-").upper().replace(
-        "-", "_") in block.split()[1:2]]  # "--epochs EPOCHS ..."
-    assert len(valued) == 13, valued  # --data, --out, --epochs ... --seed
-    missing = [block.split()[0] for block in valued if "(default:" not in block]
-    assert not missing, missing
     assert "--download" in text and "gutenberg.org" in text
+
+
+def test_prompts_default_and_longer_than_the_samples_allow(capsys):
+    assert char_lm.parse_args([]).prompt == list(char_lm.PROMPTS)
+    assert char_lm.parse_args(["--prompt", "a", "--prompt", "b"]).prompt == ["a", "b"]
+    longest = char_lm.SAMPLE_LENGTH - 1 - char_lm.SAMPLE_NEW
+    assert char_lm.parse_args(["--prompt", "x" * longest]).prompt == ["x" * longest]
+    with pytest.raises(SystemExit):
+        char_lm.parse_args(["--prompt", "x" * (longest + 1)])
+    assert f"--prompt must be at most {longest} characters" in capsys.readouterr().err
 
 
 @needs_data

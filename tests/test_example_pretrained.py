@@ -41,3 +41,24 @@ def test_what_it_refuses(tmp_path):
     with pytest.raises(SystemExit, match="not a causal language model"):
         pretrained_generate.main([fx.hf_checkpoint("bert"), "--out", str(tmp_path / "y"),
                                   "--no-export"])
+
+
+def test_an_export_that_fails_keeps_the_earlier_saved_model(tmp_path):
+    """`--overwrite` with a bad `--max-length` deleted the earlier SavedModel, then failed."""
+    out = tmp_path / "run"
+    checkpoint = fx.hf_checkpoint("llama")  # its template holds <s>: 4 positions at least
+    pretrained_generate.main([checkpoint, "--max-new-tokens", "2", "--out", str(out)])
+    files = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match="max_length"):
+        pretrained_generate.main([checkpoint, "--max-new-tokens", "2", "--out", str(out),
+                                  "--overwrite", "--max-length", "3"])
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == files
+    assert sorted(os.listdir(out)) == ["metrics.json", "saved_model"]  # nothing half-made
+    # Beyond a GPT-2's learned positions it was cut to them without a word: now refused
+    # before anything is written.
+    with pytest.raises(SystemExit, match="--max-length must be at most the checkpoint's 64"):
+        pretrained_generate.main([fx.hf_checkpoint("gpt2"), "--out", str(tmp_path / "g"),
+                                  "--max-length", "100"])
+    assert not (tmp_path / "g").exists()
+    with pytest.raises(SystemExit):  # with nothing to export it would be ignored
+        pretrained_generate.parse_args([checkpoint, "--no-export", "--max-length", "50"])

@@ -310,7 +310,7 @@ def test_nat_help_lists_only_what_it_runs_and_refuses_the_rest(tmp_path):
 @pytest.mark.parametrize("script", ["transformer_translation.py", "nat_translation.py"])
 @pytest.mark.parametrize("args, message", [
     (["--epochs", "0"], "--epochs must be at least 1. Received: --epochs 0"),
-    (["--time-budget", "0"], "--time-budget must be a positive number of seconds"),
+    (["--time-budget", "0"], "argument --time-budget: expected a finite number > 0, got '0'"),
     (["--time-budget", "60", "--epochs", "3"], "--epochs cannot be combined with --time-budget"),
     (["--tokenizer", "sentencepiece"], "--tokenizer applies to sentence pairs"),
     (["--data", "x.txt", "--tokenizer", "word", "--vocab-size", "100"],
@@ -333,8 +333,8 @@ def test_a_negative_or_non_finite_length_penalty_is_refused_by_name(value, tmp_p
     result, out = run_example("transformer_translation.py", tmp_path, "--length-penalty", value,
                               check=False)
     assert result.returncode == 2, result.stderr[-800:]
-    assert ("--length-penalty must be a finite number >= 0. "
-            f"Received: --length-penalty {value}") in result.stderr and not out.exists()
+    assert ("argument --length-penalty: expected a finite number >= 0, "
+            f"got '{value}'") in result.stderr and not out.exists()
 
 
 def test_the_length_penalty_reaches_every_beam_that_scores(monkeypatch):

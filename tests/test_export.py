@@ -13,13 +13,18 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from export_utils import check_never_writes_over_anything
 
 from keras_attn import decoding
 from keras_attn.data.dates import load_dates, load_dates_translation
 from keras_attn.data.translation import WHITESPACE
-from keras_attn.export import export_translator, make_translate_fn
+from keras_attn.export import (
+    export_nat_translator,
+    export_translator,
+    make_translate_fn,
+)
 from keras_attn.metrics import MaskedSequenceLoss
-from keras_attn.models import bahdanau_seq2seq, transformer_seq2seq
+from keras_attn.models import bahdanau_seq2seq, nat_seq2seq, transformer_seq2seq
 
 pytestmark = pytest.mark.tf_only  # SavedModels
 
@@ -228,6 +233,21 @@ def test_export_rejects_bad_arguments(dates, tmp_path):
     with pytest.raises(ValueError, match="source_vectorizer.*standardize"):
         export_translator(model, lowercasing, dates.target_vectorizer, str(tmp_path / "x"))
     assert not np.any([p.exists() for p in tmp_path.iterdir()])
+
+
+def test_translators_are_never_written_over_anything(dates, tmp_path):
+    """`export_translator` and `export_nat_translator` wrote into an existing directory (an
+    earlier SavedModel's variables mixed with the new ones), and `""` into the working
+    directory, as the generators did: every exporter refuses alike."""
+    model = transformer_seq2seq(dates.source_vocab_size, dates.target_vocab_size, num_layers=1,
+                                embed_dim=16, num_heads=2, ffn_dim=32)
+    check_never_writes_over_anything(lambda path: export_translator(
+        model, dates.source_vectorizer, dates.target_vectorizer, path), tmp_path)
+    nat = nat_seq2seq(dates.source_vocab_size, dates.target_vocab_size, 1, 16, 2, 32, 0.0,
+                      max_target_length=dates.target_length)
+    check_never_writes_over_anything(lambda path: export_nat_translator(
+        nat, dates.source_vectorizer, dates.target_vectorizer, path), tmp_path,
+        name="export_dir")
 
 
 # Every whitespace character alone, all of them at once, and a mix with ASCII spaces.

@@ -12,6 +12,8 @@ tf = pytest.importorskip("tensorflow")
 if keras.backend.backend() != "tensorflow":
     pytest.skip("SavedModel export is TensorFlow's", allow_module_level=True)
 
+from export_utils import check_never_writes_over_anything
+
 import keras_attn as ka
 from keras_attn.export_generator import export_generator, make_generate_fn
 from keras_attn.tokens import RESERVED_TOKENS
@@ -28,7 +30,7 @@ out = {}
 for name, settings in json.loads(sys.argv[2]).items():
     try:
         result = generator.signatures["generate"](
-            prompt=tf.constant(settings["prompts"]),
+            prompt=tf.constant(settings["prompts"], tf.string),
             max_new_tokens=tf.constant(settings["new"]),
             temperature=tf.constant(settings["temperature"], tf.float32),
             top_k=tf.constant(settings["top_k"]),
@@ -52,6 +54,8 @@ CASES = {
              "top_p": 1.0, "seed": 0},
     "all": {"prompts": ["the time ", "a"], "new": 2**31 - 1, "temperature": 0.0, "top_k": 0,
             "top_p": 1.0, "seed": 0},
+    "empty": {"prompts": [], "new": 5, "temperature": 0.7, "top_k": 0, "top_p": 1.0,
+              "seed": 0},
 }
 GREEDY = {"prompts": ["the time "], "new": 5, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
           "seed": 0}
@@ -79,7 +83,8 @@ def test_served_text_equals_the_same_computation_in_python(exported):
     model, served = exported
     generate = make_generate_fn(model, VOCABULARY, 32)
     for name, settings in CASES.items():
-        result = generate(tf.constant(settings["prompts"]), tf.constant(settings["new"]),
+        result = generate(tf.constant(settings["prompts"], tf.string),
+                          tf.constant(settings["new"]),
                           tf.constant(settings["temperature"]), tf.constant(settings["top_k"]),
                           tf.constant(settings["top_p"]), tf.constant(settings["seed"]))
         assert served[name]["text"] == [t.decode() for t in result["text"].numpy()], name
@@ -135,6 +140,16 @@ def test_max_new_tokens_of_int32_max_is_as_many_as_fit(exported):
     assert served["all"]["text"] == texts and all(texts)
 
 
+def test_an_empty_batch_of_prompts_gets_empty_outputs(exported):
+    """It failed in the graph's ArgMax; its settings are still checked."""
+    _, served = exported
+    assert served["empty"] == {"text": [], "truncated": [], "context": []}
+    generate = tf.function(make_generate_fn(exported[0], VOCABULARY, 32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="argument `temperature`"):
+        generate(tf.constant([], tf.string), tf.constant(5), tf.constant(-1.0),
+                 tf.constant(0), tf.constant(1.0), tf.constant(0))
+
+
 @pytest.mark.parametrize("case", sorted(BAD_CASES))
 def test_served_settings_out_of_range_fail_the_call(exported, case):
     """A NaN temperature or top_p became greedy decoding, top_k=-3 turned top-k off: through
@@ -168,3 +183,12 @@ def test_bad_vocabularies_are_refused(tmp_path):
         export_generator(model, ["a", "b"], str(tmp_path / "x"), 16)
     with pytest.raises(ValueError, match="split"):
         export_generator(model, VOCABULARY, str(tmp_path / "x"), 16, split="bpe")
+
+
+def test_nothing_is_written_over(tmp_path):
+    """An existing SavedModel directory was overwritten (its variables mixed with the new
+    ones) and `path=""` wrote into the working directory."""
+    model = ka.models.causal_lm(len(VOCABULARY), num_layers=1, embed_dim=8, num_heads=2,
+                                ffn_dim=8)
+    check_never_writes_over_anything(
+        lambda path: export_generator(model, VOCABULARY, path, 16), tmp_path)

@@ -7,6 +7,7 @@ value widths may differ, zero weights for a query that sees no key, no private h
 """
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -297,6 +298,29 @@ def test_attention_axes_outside_the_inputs_and_rank_3_only_options_are_refused()
         ka.MultiHead(2, 4, attention_axes=(1, 2), position_encoding="rope")(rand(1, 2, 3, 4))
 
 
+@pytest.mark.parametrize("axes", [7, 5, (7,), (2, 6)])
+def test_attention_axes_beyond_the_rank_are_refused_not_wrapped(axes):
+    """Axis 7 of rank-5 inputs was taken modulo 5 and attended over axis 2; Keras refuses."""
+    with pytest.raises(IndexError):
+        keras.layers.MultiHeadAttention(2, 4, attention_axes=7)(rand(1, 2, 3, 4, 8),
+                                                                rand(1, 2, 3, 4, 8))
+    with pytest.raises(ValueError, match=r"attention_axes.*rank-5"):
+        ka.MultiHead(2, 4, attention_axes=axes)(rand(1, 2, 3, 4, 8))
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 3, 4, 5, 4, 4), (2, 3, 2, 4, 5, 4, 3),
+                                        (2, 2, 4, 5, 4, 5), (1, 3, 4, 1, 6, 5)])
+def test_masks_of_other_sizes_over_several_axes_are_refused_by_name(mask_shape):
+    """A mask of the scores' rank but other sizes reached a raw BroadcastTo error."""
+    x = rand(2, 3, 4, 5, 8)  # attention over axes 2 and 3: scores (2, 3, [H,] 4, 5, 4, 5)
+    layer = ka.MultiHead(2, 4, attention_axes=(2, 3))
+    mask = np.ones(mask_shape, bool)
+    with pytest.raises(ValueError, match=r"attention_mask.*" + re.escape(str(mask_shape))):
+        layer(x, attention_mask=mask)
+    layer(x, attention_mask=np.ones((2, 3, 4, 5, 4, 5), bool))  # the scores' shape
+    layer(x, attention_mask=np.ones((1, 3, 2, 1, 5, 1, 5), bool))  # sizes of 1 broadcast
+
+
 # ---- numbers, LoRA, quantization, dtype policies -----------------------------------------------
 
 
@@ -429,6 +453,14 @@ def test_rotary_positions_one_or_per_batch(positions):
     np.testing.assert_allclose(got, want, atol=1e-5)
     with pytest.raises(ValueError, match="start_index"):
         ka.RotaryEmbedding()(x, positions=positions, start_index=2)
+
+
+@pytest.mark.parametrize("shape", [(3,), (1,), (2, 3), (3, 2), (1, 2)])
+def test_rotary_positions_of_another_length_or_batch_are_refused(shape):
+    """They reached a raw Mul or Reshape error (or broadcast a batch of 1)."""
+    x = rand(2, 2, 1, 16)  # (B, T, H, d)
+    with pytest.raises(ValueError, match=r"positions.*" + re.escape(str(shape))):
+        ka.RotaryEmbedding()(x, positions=np.zeros(shape, "int32"))
 
 
 def test_rotary_keeps_float16_and_refuses_axes_outside_the_input():

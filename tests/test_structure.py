@@ -185,3 +185,41 @@ def test_no_test_asserts_a_private_attribute():
     found = [hit for path in sorted(TESTS.glob("test_*.py"))
              for hit in _private_attribute_reads(path)]
     assert not found, "\n".join(found)
+
+
+# Import names whose distribution is named otherwise.
+DISTRIBUTIONS = {"tensorflow_text": "tensorflow-text", "keras_hub": "keras-hub",
+                 "ml_dtypes": "ml-dtypes", "sklearn": "scikit-learn"}
+
+
+def _requirements(extra: str) -> set[str]:
+    """The distributions `pip install -e ".[extra]"` asks for (setup.cfg), by name."""
+    import configparser
+    import re
+
+    config = configparser.ConfigParser()
+    config.read(PACKAGE.parent / "setup.cfg")
+    lines = (config["options"]["install_requires"] + "\n"
+             + config["options.extras_require"][extra]).split("\n")
+    return {re.split(r"[<>=!~;\[ ]", line.strip())[0].lower().replace("_", "-")
+            for line in lines if line.strip()}
+
+
+def test_the_checkpoints_extra_installs_what_the_checkpoints_import():
+    """`pip install -e ".[checkpoints]"` must bring every library `keras_attn.checkpoints`
+    imports (tensorflow-text for every tokenizer, safetensors, ...), not rely on another
+    package happening to depend on it."""
+    imported = set()
+    for path in sorted((PACKAGE / "checkpoints").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     and not node.level else [])
+            imported |= {name.split(".")[0] for name in names}
+    third_party = {name for name in imported - {"keras_attn", "__future__"}
+                   if name not in sys.stdlib_module_names}
+    assert {"tensorflow_text", "safetensors", "sentencepiece"} <= third_party
+    declared = _requirements("checkpoints")
+    missing = sorted(DISTRIBUTIONS.get(name, name).replace("_", "-") for name in third_party
+                     if DISTRIBUTIONS.get(name, name).replace("_", "-") not in declared)
+    assert not missing, missing

@@ -8,7 +8,7 @@ What the spec says and where it goes:
 | spec | keras_attn |
 |---|---|
 | `num_heads`, `num_kv_heads`, `head_dim`, `{query,key,value,output}_bias`, `sliding_window` | the blocks' `AttentionConfig` (`attention_config`) |
-| `position="rope"` | a `FrequencyRotaryEmbedding` with `spec.rope_inverse_frequencies()`, the configuration's `position_encoding` |
+| `position="rope"` | a `FrequencyRotaryEmbedding` with `spec.rope_inverse_frequencies()` and `spec.rope_attention_scaling`, the configuration's `position_encoding` |
 | `position="learned"` | the stack's `position_embedding="learned"`, `max_sequence_length=max_positions` |
 | `intermediate_size`, `activation`, `gated_ffn`, `ffn_bias`, `norm`, `norm_eps`, `norm_first`, `dropout` | the stack's `BlockConfig` (`block_config`; a gated activation by its name, `"swiglu"`) |
 | `tie_word_embeddings` | `tie_word_embeddings` (the head projects with the token table) |
@@ -24,7 +24,7 @@ import keras
 import numpy as np
 
 from keras_attn._checks import check_one_of
-from keras_attn.checkpoints.canonical import check_canonical
+from keras_attn.checkpoints.canonical import check_canonical, check_spec
 from keras_attn.checkpoints.spec import ArchitectureSpec
 from keras_attn.layers.activations import gated_name
 from keras_attn.layers.config import AttentionConfig, BlockConfig
@@ -46,7 +46,8 @@ def attention_config(spec: ArchitectureSpec, **kernel) -> AttentionConfig:
     position = None
     if spec.position == "rope":
         position = FrequencyRotaryEmbedding(
-            [float(f) for f in spec.rope_inverse_frequencies()], name="rotary_embedding")
+            [float(f) for f in spec.rope_inverse_frequencies()], name="rotary_embedding",
+            attention_scaling=spec.rope_attention_scaling)
     return AttentionConfig(
         num_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
         head_dim=spec.head_dim, use_bias=use_bias or False, position_encoding=position,
@@ -292,10 +293,7 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
     >>> model = build_model(spec, weights)
     >>> model({"token_ids": ids, "padding_mask": ids >= 0}).shape  # (B, T, 151936)
     """
-    if not isinstance(spec, ArchitectureSpec):
-        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
-            f"Argument `spec` must be an ArchitectureSpec. Received: "
-            f"spec={type(spec).__name__}")
+    check_spec(spec)
     dtype = spec.dtype if dtype is None else dtype
     check_one_of("dtype", dtype, DTYPES)
     if "max_length" in kernel:  # keras_attn 0.2's name
@@ -337,6 +335,7 @@ def generation_ids(spec: ArchitectureSpec) -> dict:
         `transformers` pads; 0 when it has neither) and `suppressed_ids=()` (a checkpoint's
         own ids may all be generated, unlike keras_attn's reserved ones).
     """
+    check_spec(spec)
     eos = tuple(spec.eos_token_ids)
     pad = spec.pad_token_id
     if pad is None:

@@ -104,6 +104,15 @@ def canonical_shapes(spec: ArchitectureSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def check_spec(spec, name: str = "spec") -> None:
+    """Raise the ValueError naming `name` unless `spec` is an `ArchitectureSpec`."""
+    if not isinstance(spec, ArchitectureSpec):
+        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+            f"Received an invalid value for argument `{name}`, expected an ArchitectureSpec "
+            f"(`load_hf_checkpoint`, `spec_from_keras_hub`). Received: "
+            f"{name}={type(spec).__name__}")
+
+
 def check_canonical(weights: dict[str, np.ndarray], spec: ArchitectureSpec) -> None:
     """Raise unless `weights` has exactly the canonical keys of `spec`, with their shapes.
 
@@ -112,8 +121,14 @@ def check_canonical(weights: dict[str, np.ndarray], spec: ArchitectureSpec) -> N
         spec: `ArchitectureSpec`.
 
     Raises:
-        ValueError: naming the missing, unexpected or misshapen keys.
+        ValueError: `spec` is not an `ArchitectureSpec` or `weights` not a dict (naming the
+            argument), or naming the missing, unexpected or misshapen keys.
     """
+    check_spec(spec)
+    if not isinstance(weights, dict):
+        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+            "Received an invalid value for argument `weights`, expected the dict of canonical "
+            f"weights (name -> array). Received: weights={type(weights).__name__}")
     expected = canonical_shapes(spec)
     missing = [key for key in expected if key not in weights]
     extra = sorted(set(weights) - set(expected))

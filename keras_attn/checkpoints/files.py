@@ -1,7 +1,8 @@
 """The files of a Hugging Face checkpoint directory, read into Python and NumPy (no torch).
 
 - `read_safetensors(path, dtype=None)`: a `*.safetensors` file, a sharded checkpoint
-  (`model.safetensors.index.json` and its shards) or a directory holding either, as a dict of
+  (`model.safetensors.index.json` and its shards) or a directory holding either (both: the
+  single file, as transformers reads such a directory), as a dict of
   NumPy arrays keyed by the checkpoint's own tensor names. bfloat16 tensors come back as
   `ml_dtypes.bfloat16` arrays (the NumPy dtype TensorFlow and JAX use), or as float32 with
   `dtype="float32"`.
@@ -20,6 +21,8 @@ import os
 import ml_dtypes
 import numpy as np
 
+from keras_attn._checks import as_path
+
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -37,25 +40,29 @@ def _check_dtype(dtype):
             f"dtypes) or one of {sorted(DTYPES)}. Received: dtype={dtype!r}")
 
 
-def _is_floating(array: np.ndarray) -> bool:
+def is_floating(array: np.ndarray) -> bool:
     return array.dtype.kind == "f" or array.dtype == DTYPES["bfloat16"]
 
 
 def _cast(array: np.ndarray, dtype: str | None) -> np.ndarray:
-    if dtype is None or not _is_floating(array) or array.dtype == DTYPES[dtype]:
+    if dtype is None or not is_floating(array) or array.dtype == DTYPES[dtype]:
         return array
     return array.astype(DTYPES[dtype])
 
 
 def _shard_files(path: str) -> tuple[list[str], dict[str, str] | None]:
-    """The safetensors files to read for `path`, and the index's weight map (None unsharded)."""
+    """The safetensors files to read for `path`, and the index's weight map (None unsharded).
+
+    A directory holding both `model.safetensors` and a shard index is read as transformers'
+    `from_pretrained` reads it: the single file (it looks for that one first)."""
+    path = as_path("path", path)
     if os.path.isdir(path):
         index = os.path.join(path, SAFETENSORS_INDEX)
         single = os.path.join(path, SAFETENSORS_FILE)
-        if os.path.isfile(index):
-            path = index
-        elif os.path.isfile(single):
+        if os.path.isfile(single):
             path = single
+        elif os.path.isfile(index):
+            path = index
         else:
             found = sorted(os.listdir(path))
             raise ValueError(
@@ -67,11 +74,16 @@ def _shard_files(path: str) -> tuple[list[str], dict[str, str] | None]:
         raise ValueError(f"Received an invalid value for argument `path`, expected an existing "
                          f"file or directory. Received: path={path!r}")
     if path.endswith(".index.json"):
-        with open(path, encoding="utf-8") as file:
-            weight_map = json.load(file).get("weight_map")
+        weight_map = _read_json(path).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"The index {path!r} has no `weight_map` of tensor names to shard "
-                             "files.")
+                             f"files. Received: weight_map={_short(weight_map)}")
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard.endswith(".safetensors") or (
+                    os.path.basename(shard) != shard):
+                raise ValueError(f"The index {path!r} must map every tensor to the name of a "
+                                 "`.safetensors` file beside it. Received: weight_map"
+                                 f"[{name!r}]={_short(shard)}")
         folder = os.path.dirname(path)
         shards = sorted(set(weight_map.values()))
         missing = [name for name in shards if not os.path.isfile(os.path.join(folder, name))]
@@ -84,6 +96,36 @@ def _shard_files(path: str) -> tuple[list[str], dict[str, str] | None]:
                          f"`.safetensors` file, an `.index.json` file or a directory. "
                          f"Received: path={path!r}")
     return [path], None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _read_shard(file_path: str, dtype: str | None, weight_map: dict | None,
+                tensors: dict) -> None:
+    """Every tensor of one safetensors file into `tensors`; a file that is not safetensors
+    (empty, truncated, another format) or that the index places elsewhere is refused."""
+    from safetensors import SafetensorError, safe_open
+
+    shard = os.path.basename(file_path)
+    try:
+        with safe_open(file_path, framework="np") as file:
+            for name in file.keys():  # noqa: SIM118 (safe_open is not iterable)
+                if name in tensors:
+                    raise ValueError(f"The tensor {name!r} is stored twice (again in "
+                                     f"{file_path!r}).")
+                if weight_map is not None and weight_map.get(name) != shard:
+                    raise ValueError(
+                        f"The shard {file_path!r} holds the tensor {name!r}, which its index "
+                        f"{SAFETENSORS_INDEX!r} places "
+                        + (f"in {weight_map[name]!r}" if name in weight_map else "nowhere")
+                        + ": the index does not describe these files.")
+                tensors[name] = _cast(file.get_tensor(name), dtype)
+    except SafetensorError as error:
+        raise ValueError(f"{file_path!r} is not a readable safetensors file (empty, truncated "
+                         f"or another format): {error}") from error
 
 
 def read_safetensors(path: str, dtype: str | None = None) -> dict[str, np.ndarray]:
@@ -102,25 +144,20 @@ def read_safetensors(path: str, dtype: str | None = None) -> dict[str, np.ndarra
         to NumPy arrays of the stored shapes (torch's `state_dict()` layout).
 
     Raises:
-        ValueError: no safetensors weights at `path`, a shard named by the index is missing,
-            or a tensor is not in the shard its index names.
+        ValueError: no safetensors weights at `path`, an index that is not a JSON object
+            mapping tensor names to `.safetensors` file names, a shard named by the index is
+            missing, a tensor is not in the shard its index names, or a file is not
+            safetensors (empty, truncated, another format); each names the file.
 
     Example:
     >>> weights = read_safetensors("path/to/checkpoint", dtype="float32")
     >>> weights["model.embed_tokens.weight"].shape  # (vocab_size, hidden_size)
     """
-    from safetensors import safe_open
-
     _check_dtype(dtype)
     files, weight_map = _shard_files(path)
     tensors: dict[str, np.ndarray] = {}
     for file_path in files:
-        with safe_open(file_path, framework="np") as file:
-            for name in file.keys():  # noqa: SIM118 (safe_open is not iterable)
-                if name in tensors:
-                    raise ValueError(f"The tensor {name!r} is stored twice (again in "
-                                     f"{file_path!r}).")
-                tensors[name] = _cast(file.get_tensor(name), dtype)
+        _read_shard(file_path, dtype, weight_map, tensors)
     if weight_map is not None:
         absent = sorted(set(weight_map) - set(tensors))
         if absent:
@@ -129,11 +166,18 @@ def read_safetensors(path: str, dtype: str | None = None) -> dict[str, np.ndarra
 
 
 def _read_json(path: str) -> dict:
-    with open(path, encoding="utf-8") as file:
-        value = json.load(file)
+    """The JSON object in the file `path`; anything else is a ValueError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            value = json.load(file)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path!r} is not UTF-8 text, so not JSON: {error}") from error
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path!r} is not valid JSON: {error}") from error
     if isinstance(value, dict):
         return value
-    raise ValueError(f"{path!r} does not hold a JSON object.")
+    raise ValueError(f"{path!r} does not hold a JSON object. Received: a JSON "
+                     f"{type(value).__name__}")
 
 
 def read_config(directory: str) -> tuple[dict, dict | None]:
@@ -146,8 +190,10 @@ def read_config(directory: str) -> tuple[dict, dict | None]:
         `(config, generation_config)`: two dicts, the second None when the file is absent.
 
     Raises:
-        ValueError: `directory` has no `config.json`.
+        ValueError: `directory` is not a path or has no `config.json`, or a file is not a
+            UTF-8 JSON object (naming the file).
     """
+    directory = as_path("directory", directory)
     config_path = os.path.join(directory, CONFIG_FILE)
     if not os.path.isfile(config_path):
         raise ValueError(f"Received an invalid value for argument `directory`, expected a "

@@ -16,7 +16,7 @@ table does not know is refused too: its meaning cannot be checked, so it is neve
 | `hidden_act` / `activation_function` | all | `silu`, `swish`, `gelu`, `gelu_python`, `gelu_new`, `gelu_pytorch_tanh`, `gelu_python_tanh`, `relu` honoured; others (`gelu_fast`, `quick_gelu`, `gelu_10`, `relu6`, …) refused |
 | `rms_norm_eps` / `layer_norm_epsilon` / `layer_norm_eps` | all | honoured |
 | `max_position_embeddings` / `n_positions` | all | honoured (the learned table's rows; llama3's default pretraining length) |
-| `rope_theta`, `rope_scaling`, `rope_parameters` | llama, mistral, qwen2 | `rope_type` (or `type`) `default`, `linear`, `llama3` honoured; any other type (`dynamic`, `yarn`, `longrope`, …) refused; `partial_rotary_factor` other than 1 refused; a key the type does not use refused |
+| `rope_theta`, `rope_scaling`, `rope_parameters` | llama, mistral, qwen2 | read as transformers 5 reads them: a non-empty `rope_scaling` replaces `rope_parameters` (whose `rope_theta` is then not read: the top-level `rope_theta`, else 10000); `rope_type` (or `type`) `default`, `linear`, `llama3`, `yarn` (its frequencies and attention scaling) honoured; any other type (`dynamic`, `longrope`, …: frequencies that change with the sequence length) refused; `partial_rotary_factor` other than 1 refused; a key the type does not use refused |
 | `attention_bias` | llama | honoured (biases on q, k, v and o) |
 | `mlp_bias` | llama | honoured (biases on gate, up and down) |
 | `pretraining_tp` | llama | honoured: a tensor-parallel split of the same products (transformers 5 ignores it too) |
@@ -47,6 +47,7 @@ table does not know is refused too: its meaning cannot be checked, so it is neve
 
 from __future__ import annotations
 
+from keras_attn.checkpoints.rope import yarn_attention_scaling
 from keras_attn.checkpoints.spec import ArchitectureSpec
 
 CLASSES = {
@@ -110,7 +111,11 @@ ROPE_TYPE_KEYS = {
     "linear": {"factor"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor",
                "original_max_position_embeddings"},
+    "yarn": {"factor", "original_max_position_embeddings"},
 }
+# Keys a RoPE type may leave out (transformers' defaults apply).
+ROPE_OPTIONAL_KEYS = {"yarn": {"attention_factor", "beta_fast", "beta_slow", "mscale",
+                               "mscale_all_dim", "truncate"}}
 DEFAULT_ROPE_THETA = 10000.0
 
 
@@ -205,9 +210,13 @@ def _activation(config: dict, key: str, default: str) -> str:
 
 
 def _rope(config: dict) -> dict:
-    """The spec's rope_* fields from `rope_parameters` (transformers 5) or `rope_scaling` and
-    `rope_theta` (transformers 4)."""
-    key = "rope_parameters" if config.get("rope_parameters") is not None else "rope_scaling"
+    """The spec's rope_* fields, as transformers 5 reads them: `rope_scaling` (transformers 4's
+    key) when it is a non-empty dict, in place of `rope_parameters` (so a `rope_scaling`
+    beside `rope_parameters` wins, and `rope_parameters`' keys, its `rope_theta` included, are
+    not read); else `rope_parameters`. A `rope_theta` the dict lacks comes from the top-level
+    `rope_theta`, else 10000; `original_max_position_embeddings` from
+    `max_position_embeddings` (llama3, yarn)."""
+    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
     params = config.get(key)
     if params is None:
         params = {}
@@ -224,15 +233,16 @@ def _rope(config: dict) -> dict:
     params.pop("type", None)
     if rope_type not in ROPE_TYPE_KEYS:
         refuse(f"{key}.rope_type", rope_type,
-               f"the converted RoPE types are {sorted(ROPE_TYPE_KEYS)}")
+               f"the converted RoPE types are {sorted(ROPE_TYPE_KEYS)} ('dynamic' and "
+               "'longrope' change the frequencies with the sequence length)")
     partial = params.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
         refuse(f"{key}.partial_rotary_factor", partial, "only fully rotary heads are converted")
-    if rope_type == "llama3":
+    if rope_type in ("llama3", "yarn"):
         params.setdefault("original_max_position_embeddings",
                           config.get("max_position_embeddings"))
     for name in sorted(params):
-        if name not in ROPE_TYPE_KEYS[rope_type]:
+        if name not in ROPE_TYPE_KEYS[rope_type] | ROPE_OPTIONAL_KEYS.get(rope_type, set()):
             refuse(f"{key}.{name}", params[name], f"rope_type={rope_type!r} does not use it")
     for name in sorted(ROPE_TYPE_KEYS[rope_type]):
         value = params.get(name)
@@ -240,13 +250,34 @@ def _rope(config: dict) -> dict:
             refuse(f"{key}.{name}", value, f"rope_type={rope_type!r} needs a number > 0")
     if rope_type != "default" and params["factor"] < 1:
         refuse(f"{key}.factor", params["factor"], "expected a factor >= 1")
-    return {
+    fields = {
         "rope_theta": float(theta), "rope_type": rope_type,
         "rope_factor": float(params["factor"]) if "factor" in params else None,
         "rope_low_freq_factor": params.get("low_freq_factor"),
         "rope_high_freq_factor": params.get("high_freq_factor"),
         "rope_original_max_positions": params.get("original_max_position_embeddings"),
     }
+    if rope_type == "yarn":
+        fields.update(_yarn(params, key))
+    return fields
+
+
+def _yarn(params: dict, key: str) -> dict:
+    """YaRN's optional keys, checked, and the attention scaling they give."""
+    for name in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        value = params.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(
+                value, (int, float)) or value < 0 or (name == "attention_factor" and not value)):
+            refuse(f"{key}.{name}", value, "expected a number >= 0 (> 0 for attention_factor) "
+                   "or null")
+    truncate = params.get("truncate", True)
+    if not isinstance(truncate, bool):
+        refuse(f"{key}.truncate", truncate, "expected true or false")
+    return {"rope_beta_fast": params.get("beta_fast"), "rope_beta_slow": params.get("beta_slow"),
+            "rope_truncate": truncate,
+            "rope_attention_scaling": yarn_attention_scaling(
+                params["factor"], params.get("attention_factor"), params.get("mscale"),
+                params.get("mscale_all_dim"))}
 
 
 def _heads(config: dict, hidden: int) -> dict:

@@ -22,7 +22,12 @@ import re
 import numpy as np
 
 from keras_attn.checkpoints.canonical import canonical_shapes, check_canonical
-from keras_attn.checkpoints.files import read_config, read_safetensors
+from keras_attn.checkpoints.files import (
+    DTYPES,
+    is_floating,
+    read_config,
+    read_safetensors,
+)
 from keras_attn.checkpoints.hf_config import spec_from_hf_config
 from keras_attn.checkpoints.spec import ArchitectureSpec
 
@@ -250,13 +255,28 @@ def load_hf_checkpoint(directory: str, dtype: str | None = None
         and the canonical dict of NumPy arrays.
 
     Raises:
-        ValueError: naming the config key of anything the conversion cannot honour, or the
-            weights that are missing or left over.
+        ValueError: naming the config key of anything the conversion cannot honour, the
+            weights that are missing or left over, or (with `dtype=None`) a tensor stored in
+            a dtype no model is built in (float64: pass `dtype`).
 
     Example:
     >>> spec, weights = load_hf_checkpoint("path/to/Llama-3.2-1B", dtype="float32")
     """
     config, generation = read_config(directory)
     spec = spec_from_hf_config(config, generation)
-    weights = canonical_from_hf_state_dict(read_safetensors(directory, dtype), spec)
+    state_dict = read_safetensors(directory, dtype)
+    if dtype is None:
+        _check_stored_dtypes(state_dict, directory)
+    weights = canonical_from_hf_state_dict(state_dict, spec)
     return spec.replace(dtype=_dtype_name(weights["token_embedding/embeddings"])), weights
+
+
+def _check_stored_dtypes(state_dict: dict[str, np.ndarray], directory: str) -> None:
+    """Kept as stored (`dtype=None`), every floating tensor must be of a dtype a model is
+    built in; a float64 checkpoint is refused here, naming a tensor, not later by `dtype`."""
+    for name, array in state_dict.items():
+        if is_floating(array) and _dtype_name(array) not in DTYPES:
+            raise ValueError(
+                f"The checkpoint in {directory!r} stores {name!r} as {_dtype_name(array)}; "
+                f"models are built in one of {sorted(DTYPES)}: pass `dtype` (e.g. "
+                "dtype='float32') to cast the weights when they are read.")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from keras_attn._checks import check_int
 from keras_attn.checkpoints.rope import rope_inverse_frequencies
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "gpt2", "bert")
@@ -72,11 +73,18 @@ class ArchitectureSpec:
         max_positions: int or None, the longest sequence the checkpoint was configured for
             (the learned table's rows; for RoPE informative only, None when unrecorded).
         rope_theta: float or None, the RoPE base (None without RoPE).
-        rope_type: str or None, `"default"`, `"linear"` or `"llama3"` (None without RoPE).
-        rope_factor: float or None, the scaling factor of `"linear"` and `"llama3"`.
+        rope_type: str or None, `"default"`, `"linear"`, `"llama3"` or `"yarn"` (None without
+            RoPE).
+        rope_factor: float or None, the scaling factor of `"linear"`, `"llama3"` and `"yarn"`.
         rope_low_freq_factor: float or None, `"llama3"` only.
         rope_high_freq_factor: float or None, `"llama3"` only.
-        rope_original_max_positions: int or None, `"llama3"`'s pretraining length.
+        rope_original_max_positions: int or None, `"llama3"`'s and `"yarn"`'s pretraining
+            length.
+        rope_beta_fast: float or None, `"yarn"` only (None: 32).
+        rope_beta_slow: float or None, `"yarn"` only (None: 1).
+        rope_truncate: bool, `"yarn"` only: whole-dimension correction range.
+        rope_attention_scaling: float, what cos and sin are multiplied by (so the rotated
+            queries and keys); 1 but for `"yarn"`.
         sliding_window: int or None, the local attention span of every layer.
         type_vocab_size: int, rows of the token-type (segment) embedding; 0 for none.
         embedding_norm: bool, a norm right after the summed embeddings (BERT).
@@ -126,6 +134,10 @@ class ArchitectureSpec:
     rope_low_freq_factor: float | None = None
     rope_high_freq_factor: float | None = None
     rope_original_max_positions: int | None = None
+    rope_beta_fast: float | None = None
+    rope_beta_slow: float | None = None
+    rope_truncate: bool = True
+    rope_attention_scaling: float = 1.0
     sliding_window: int | None = None
     type_vocab_size: int = 0
     embedding_norm: bool = False
@@ -154,6 +166,9 @@ class ArchitectureSpec:
             raise ValueError(f"Received an invalid value for argument `activation`, expected "
                              f"one of {sorted(ACTIVATIONS)}. Received: "
                              f"activation={self.activation!r}")
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "intermediate_size"):
+            check_int(name, getattr(self, name))
         if self.num_heads % self.num_kv_heads:
             raise ValueError("Received an invalid value for argument `num_kv_heads`, expected "
                              f"a divisor of num_heads={self.num_heads}. Received: "
@@ -171,7 +186,8 @@ class ArchitectureSpec:
         return rope_inverse_frequencies(
             self.head_dim, self.rope_theta, self.rope_type, self.rope_factor,
             self.rope_low_freq_factor, self.rope_high_freq_factor,
-            self.rope_original_max_positions)
+            self.rope_original_max_positions, self.rope_beta_fast, self.rope_beta_slow,
+            self.rope_truncate)
 
     def replace(self, **changes) -> ArchitectureSpec:
         """A copy with `changes` applied (e.g. `spec.replace(dtype="float32")`)."""

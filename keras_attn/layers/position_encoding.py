@@ -165,6 +165,9 @@ class RotaryEmbedding(keras.layers.Layer):
         # attention layer owns it and never calls it as a layer.
         self.built = True
 
+    # What cos and sin are multiplied by (YaRN scales them: `FrequencyRotaryEmbedding`).
+    attention_scaling = 1.0
+
     def inverse_frequencies(self, depth: int):
         """The float32 inverse frequencies `(depth / 2,)` of the rotation; the one place a
         subclass changes them (Llama 3's or other `rope_scaling`)."""
@@ -179,7 +182,8 @@ class RotaryEmbedding(keras.layers.Layer):
         return attn_ops.rotary_embedding(
             x, start_index, sequence_axis=axis, positions=positions,
             feature_axis=self.feature_axis,
-            inverse_frequencies=None if depth is None else self.inverse_frequencies(depth))
+            inverse_frequencies=None if depth is None else self.inverse_frequencies(depth),
+            attention_scaling=self.attention_scaling)
 
     def call(self, inputs, start_index=0, positions=None):
         return self.rotate(inputs, start_index, positions=positions)

@@ -1,5 +1,5 @@
 """Rotary position embedding with given inverse frequencies: any `rope_scaling` of a pretrained
-checkpoint (Llama 3's, linear, none) written down as the numbers it computes."""
+checkpoint (Llama 3's, linear, YaRN's, none) written down as the numbers it computes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._checks import check_number
 from keras_attn.layers.position_encoding import RotaryEmbedding
 
 
@@ -23,6 +24,8 @@ class FrequencyRotaryEmbedding(RotaryEmbedding):
         inverse_frequencies: sequence of `d / 2` positive floats, `f_0 ... f_{d/2 - 1}`.
         sequence_axis: int, the axis of positions. Defaults to `1`.
         feature_axis: int, the axis of the rotated features. Defaults to `-1`.
+        attention_scaling: float > 0, multiplies cos and sin, so the rotated features (YaRN's
+            `attention_factor`; transformers' `attention_scaling`). Defaults to `1.0`.
 
     Call arguments:
         inputs: a tensor with the two axes, e.g. `(B, T, H, d)` with `d = 2 *
@@ -43,10 +46,12 @@ class FrequencyRotaryEmbedding(RotaryEmbedding):
     """
 
     def __init__(self, inverse_frequencies, sequence_axis: int = 1, feature_axis: int = -1,
-                 **kwargs):
+                 attention_scaling: float = 1.0, **kwargs):
         kwargs.pop("max_wavelength", None)  # not this layer's: the frequencies are given
         kwargs.pop("scaling_factor", None)
         super().__init__(sequence_axis=sequence_axis, feature_axis=feature_axis, **kwargs)
+        check_number("attention_scaling", attention_scaling, 0, strict=True)
+        self.attention_scaling = float(attention_scaling)
         frequencies = np.asarray(inverse_frequencies, dtype="float64")
         if (frequencies.ndim != 1 or frequencies.size == 0
                 or not np.all(np.isfinite(frequencies)) or np.any(frequencies <= 0)):
@@ -68,4 +73,5 @@ class FrequencyRotaryEmbedding(RotaryEmbedding):
         for name in ("max_wavelength", "scaling_factor"):
             config.pop(name)
         config["inverse_frequencies"] = list(self._frequencies)
+        config["attention_scaling"] = self.attention_scaling
         return config

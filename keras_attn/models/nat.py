@@ -176,7 +176,8 @@ def initialize_from_seq2seq(model: keras.Model, seq2seq: keras.Model) -> dict:
 
     Raises:
         ValueError: if `model` or `seq2seq` is not of its kind, or an option, a variable's
-            shape or its dtype differs (the error names it and both values).
+            shape or its dtype differs (the error names it and both values). Everything is
+            checked before anything is assigned: a refused call leaves `model` unchanged.
 
     Example:
     >>> teacher = transformer_seq2seq(100, 120, num_layers=1, embed_dim=32, num_heads=4,
@@ -193,7 +194,7 @@ def initialize_from_seq2seq(model: keras.Model, seq2seq: keras.Model) -> dict:
     if not isinstance(seq2seq, keras.Model) or not _has_layers(seq2seq, ("encoder", "decoder")):
         raise ValueError("Argument `seq2seq` must be a keras_attn.models.transformer_seq2seq "
                          f"model. Received: seq2seq={seq2seq!r}")
-    copied = 0
+    assignments = []  # every (variable, value), all checked before the first is assigned
     for part in ("encoder", "decoder"):
         ours, theirs = model.get_layer(part), seq2seq.get_layer(part)
         for stack, label in ((ours, "model"), (theirs, "seq2seq")):
@@ -233,11 +234,12 @@ def initialize_from_seq2seq(model: keras.Model, seq2seq: keras.Model) -> dict:
                     raise ValueError(
                         f"Argument `seq2seq` must have the NAT's shapes: {mine.path} is "
                         f"{shape}. Received: {given.path} of shape {tuple(given.shape)}")
-                mine.assign(value)
-                copied += 1
+                assignments.append((mine, value))
+    for variable, value in assignments:
+        variable.assign(value)
     done = {id(v) for part in ("encoder", "decoder") for v in model.get_layer(part).weights}
     kept = [v.path for v in model.weights if id(v) not in done]
-    return {"copied": copied, "kept": kept}
+    return {"copied": len(assignments), "kept": kept}
 
 
 def _has_layers(model, names) -> bool:

@@ -20,26 +20,25 @@ from keras_attn._checks import check_int
 def normalize_axes(attention_axes, rank: int) -> tuple[int, ...]:
     """`attention_axes` (None, an int or a sequence of ints, negative counting from the end
     of the input) as a tuple of axes in `[1, rank - 2]`; None means every axis but the batch
-    and feature axes. Raises a ValueError naming `attention_axes` for anything else."""
+    and feature axes. Raises a ValueError naming `attention_axes` for anything else (an axis
+    beyond the rank included: never taken modulo the rank, as Keras refuses it too)."""
     if attention_axes is None:
         return tuple(range(1, rank - 1))
     axes = (attention_axes,) if isinstance(attention_axes, int) else attention_axes
     expected = (f"an int, a tuple of ints in [1, {rank - 2}] or [{1 - rank}, -2] naming "
                 f"distinct axes of the rank-{rank} inputs other than the batch and features")
+    error = ValueError(f"Received an invalid value for argument `attention_axes`, expected "
+                       f"{expected}. Received: attention_axes={attention_axes!r}")
     if not isinstance(axes, (tuple, list)) or not axes:
-        raise ValueError(
-            f"Received an invalid value for argument `attention_axes`, expected {expected}. "
-            f"Received: attention_axes={attention_axes!r}"
-        )
+        raise error
     normalized = []
     for axis in axes:
         check_int("attention_axes", axis, -rank)
+        if axis >= rank:
+            raise error
         axis = int(axis) % rank
         if not 1 <= axis <= rank - 2 or axis in normalized:
-            raise ValueError(
-                f"Received an invalid value for argument `attention_axes`, expected {expected}. "
-                f"Received: attention_axes={attention_axes!r}"
-            )
+            raise error
         normalized.append(axis)
     return tuple(normalized)
 
@@ -141,15 +140,28 @@ class AttentionAxes:
         shape = tuple(mask.shape)
         lead, rest = shape[:len(shape) - 2 * n], shape[len(shape) - 2 * n:]
         has_heads = len(lead) == 2 + len(others)
+        error = ValueError(
+            "Argument `attention_mask` must have the layout of the attention scores without "
+            f"or with the head axis: (batch_size, {', '.join(str(o) for o in others)}"
+            f"{', ' if others else ''}[num_heads, ]{query_axes + key_axes}), leading "
+            f"axes broadcasting. Received: attention_mask.shape={shape}"
+        )
         if len(shape) < 2 * n or len(lead) > 2 + len(others):
-            raise ValueError(
-                "Argument `attention_mask` must have the layout of the attention scores without "
-                f"or with the head axis: (batch_size, {', '.join(str(o) for o in others)}"
-                f"{', ' if others else ''}[num_heads, ]{query_axes + key_axes}), leading "
-                f"axes broadcasting. Received: attention_mask.shape={shape}"
-            )
+            raise error
         if not has_heads:  # (B, others..) from the left, the missing trailing ones of size 1
-            mask = ops.reshape(mask, lead + (1,) * (1 + len(others) - len(lead)) + rest)
+            lead = lead + (1,) * (1 + len(others) - len(lead))
+            mask = ops.reshape(mask, lead + rest)
         heads = (num_heads,) if has_heads else ()
-        mask = ops.broadcast_to(mask, (batch,) + others + heads + query_axes + key_axes)
+        target = (batch,) + others + heads + query_axes + key_axes
+        for have, want in zip(lead + rest, target):  # sizes known now: 1 or the scores'
+            if isinstance(have, int) and isinstance(want, int) and have not in (1, want):
+                raise error
+        sizes = lead + rest
+        if all(isinstance(size, int) for size in sizes):
+            # Repeated, not broadcast: TensorFlow broadcasts at most 5 axes that differ once
+            # adjacent ones are merged ("not supported yet"), and a mask over two attention
+            # axes with others and heads has more.
+            mask = ops.tile(mask, [want if have == 1 else 1 for have, want in zip(sizes, target)])
+        else:
+            mask = ops.broadcast_to(mask, target)
         return ops.reshape(mask, (-1,) + heads + (_prod(query_axes), _prod(key_axes)))

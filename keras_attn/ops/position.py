@@ -37,7 +37,8 @@ def _axis(name: str, axis, rank: int) -> int:
 
 def rotary_embedding(x, start_index=0, max_wavelength: float = 10000.0,
                      scaling_factor: float = 1.0, sequence_axis: int = -2, *, positions=None,
-                     feature_axis: int = -1, inverse_frequencies=None):
+                     feature_axis: int = -1, inverse_frequencies=None,
+                     attention_scaling: float = 1.0):
     """Rotate pairs of features by angles growing with the position (Su et al., 2021).
 
     "Rotate half" layout, as `keras_hub.layers.RotaryEmbedding`: feature `i` of the first half
@@ -59,6 +60,8 @@ def rotary_embedding(x, start_index=0, max_wavelength: float = 10000.0,
         feature_axis: int, the axis of the rotated features. Defaults to `-1`.
         inverse_frequencies: optional float `(d/2,)` tensor replacing the frequencies above
             (other scalings of RoPE). Defaults to `None`.
+        attention_scaling: float > 0, multiplies cos and sin, so the rotated features (YaRN's
+            scaling, transformers' `attention_scaling`). Defaults to `1.0`.
 
     Returns:
         Tensor of the shape and dtype of `x`.
@@ -87,12 +90,16 @@ def rotary_embedding(x, start_index=0, max_wavelength: float = 10000.0,
                 f"Received: start_index={start_index!r}"
             )
         positions = ops.cast(positions, "float32")
+        wanted = (x.shape[0], x.shape[seq_axis])[2 - len(positions.shape):]
         if len(positions.shape) not in (1, 2) or (len(positions.shape) == 2 and 0 in (
-                seq_axis, feat_axis)):
+                seq_axis, feat_axis)) or any(  # sizes known now: those of `x`
+                    None not in (have, want) and have != want
+                    for have, want in zip(positions.shape, wanted)):
             raise ValueError(
                 "Argument `positions` must have shape (sequence_length,) or (batch_size, "
-                "sequence_length), the batch on axis 0. Received: "
-                f"positions.shape={tuple(positions.shape)}"
+                "sequence_length) of `x`, the batch on axis 0. Received: "
+                f"positions.shape={tuple(positions.shape)} for x.shape={tuple(x.shape)}, "
+                f"sequence_axis={sequence_axis}"
             )
     inverse = (rope_inverse_frequencies(depth, max_wavelength, scaling_factor)
                if inverse_frequencies is None else ops.cast(inverse_frequencies, "float32"))
@@ -105,6 +112,8 @@ def rotary_embedding(x, start_index=0, max_wavelength: float = 10000.0,
         shape[0], shape[seq_axis] = -1, length
     cos = ops.reshape(ops.cos(angles), shape)  # broadcastable to x's half
     sin = ops.reshape(ops.sin(angles), shape)
+    if attention_scaling != 1.0:
+        cos, sin = cos * attention_scaling, sin * attention_scaling
     first, second = ops.split(ops.cast(x, "float32"), 2, axis=feat_axis)
     rotated = ops.concatenate([first * cos - second * sin, second * cos + first * sin],
                               axis=feat_axis)
