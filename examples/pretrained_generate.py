@@ -81,9 +81,9 @@ def export_length(args, spec) -> int:
     beyond a checkpoint's learned positions."""
     if args.max_length is None:
         length = max(64, 2 * args.max_new_tokens + 8)
-        return min(length, spec.max_positions) if spec.position == "learned" else length
-    if spec.position == "learned" and args.max_length > spec.max_positions:
-        raise SystemExit(f"--max-length must be at most the checkpoint's {spec.max_positions} "
+        return min(length, spec.max_sequence_length) if spec.position == "learned" else length
+    if spec.position == "learned" and args.max_length > spec.max_sequence_length:
+        raise SystemExit(f"--max-length must be at most the checkpoint's {spec.max_sequence_length} "
                          f"learned positions. Received: --max-length {args.max_length}")
     return args.max_length
 
@@ -145,7 +145,7 @@ def main(argv=None) -> dict:
     if spec.task != "causal_lm":
         raise SystemExit(f"{args.checkpoint} is a {spec.source}, not a causal language model")
     max_length = None if export_dir is None else export_length(args, spec)
-    print(f"loaded {spec.source} ({spec.num_layers} layers, d {spec.hidden_size}, "
+    print(f"loaded {spec.source} ({spec.num_layers} layers, d {spec.hidden_dim}, "
           f"{model.count_params():,} parameters, {model.weights[0].dtype}) in "
           f"{time.perf_counter() - start:.1f} s")
     texts, rate, count = generate(model, tokenizer, spec, args.prompt, args)

@@ -7,8 +7,9 @@ SavedModel.
 
 __version__ = "0.3.0.dev0"
 
-from keras_attn import decoding, layers, metrics, models, ops  # noqa: F401
+from keras_attn import decoding, layers, metrics, models, ops, preprocessing, tasks  # noqa: F401
 from keras_attn.layers import *
+from keras_attn.tasks import CausalLM  # noqa: F401
 from keras_attn.models import (  # noqa: F401 - the stacks, here as before
     BahdanauDecoder,
     BahdanauEncoder,

@@ -690,7 +690,7 @@ def _spec_activation(name):
 
 
 def _canonical_norm(x, weights, prefix, spec, epsilon=None):
-    epsilon = spec.norm_eps if epsilon is None else epsilon
+    epsilon = spec.layer_norm_epsilon if epsilon is None else epsilon
     if spec.norm == "rms":
         return rms_norm(x, weights[f"{prefix}/scale"], epsilon)
     return layer_norm(x, weights[f"{prefix}/scale"], weights[f"{prefix}/offset"], epsilon)
@@ -702,12 +702,13 @@ def _dense(x, weights, prefix):
     return out if bias is None else out + _f64(bias)
 
 
-def rope_frequencies(x, positions, inv_freq):
+def rope_frequencies(x, positions, inv_freq, attention_scaling=1.0):
     """Rotary embedding, "rotate half" layout, with explicit inverse frequencies
-    ``(d/2,)``: ``rope(x, positions, w, s)`` is ``inv_freq = w^(-2i/d) / s``."""
+    ``(d/2,)``: ``rope(x, positions, w, s)`` is ``inv_freq = w^(-2i/d) / s``; cos and sin
+    are multiplied by ``attention_scaling`` (YaRN's)."""
     x = _f64(x)
     theta = _f64(positions)[..., None] * _f64(inv_freq)
-    cos, sin = np.cos(theta), np.sin(theta)
+    cos, sin = attention_scaling * np.cos(theta), attention_scaling * np.sin(theta)
     x1, x2 = np.split(x, 2, axis=-1)
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
@@ -727,7 +728,7 @@ def pretrained_transformer(spec, weights, ids, token_type_ids=None, padding_mask
     x = _f64(weights["token_embedding/embeddings"])[ids]
     if spec.position == "learned":
         x = x + _f64(weights["position_embedding/embeddings"])[positions]
-    if spec.type_vocab_size:
+    if spec.num_segments:
         types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids)
         x = x + _f64(weights["token_type_embedding/embeddings"])[types]
     if spec.embedding_norm:
@@ -740,24 +741,24 @@ def pretrained_transformer(spec, weights, ids, token_type_ids=None, padding_mask
     mask = np.broadcast_to(mask, (B, 1, 1, T, T))
     if padding_mask is not None:
         mask = mask & np.asarray(padding_mask, dtype=bool)[:, None, None, None, :]
-    groups = spec.num_heads // spec.num_kv_heads
+    groups = spec.num_heads // spec.num_key_value_heads
     act = _spec_activation(spec.activation)
     for i in range(spec.num_layers):
         p = f"layers/{i}"
-        h = _canonical_norm(x, weights, f"{p}/attention_norm", spec) if spec.norm_first else x
+        h = _canonical_norm(x, weights, f"{p}/attention_norm", spec) if spec.normalize_first else x
         q = _dense(h, weights, f"{p}/attention/query").reshape(
-            B, T, spec.num_kv_heads, groups, spec.head_dim).transpose(0, 2, 3, 1, 4)
+            B, T, spec.num_key_value_heads, groups, spec.head_dim).transpose(0, 2, 3, 1, 4)
         k, v = (_dense(h, weights, f"{p}/attention/{name}").reshape(
-            B, T, spec.num_kv_heads, 1, spec.head_dim).transpose(0, 2, 3, 1, 4)
+            B, T, spec.num_key_value_heads, 1, spec.head_dim).transpose(0, 2, 3, 1, 4)
             for name in ("key", "value"))  # (B, K, 1, T, d)
         if spec.position == "rope":
             inv_freq = spec.rope_inverse_frequencies()
-            q = rope_frequencies(q, positions, inv_freq)
-            k = rope_frequencies(k, positions, inv_freq)
+            q = rope_frequencies(q, positions, inv_freq, spec.rope_attention_scaling)
+            k = rope_frequencies(k, positions, inv_freq, spec.rope_attention_scaling)
         context, _ = attention(q, k, v, mask)  # (B, K, G, T, d)
         context = context.transpose(0, 3, 1, 2, 4).reshape(B, T, spec.num_heads * spec.head_dim)
         out = _dense(context, weights, f"{p}/attention/output")
-        if spec.norm_first:
+        if spec.normalize_first:
             x = x + out
             h = _canonical_norm(x, weights, f"{p}/ffn_norm", spec)
         else:
@@ -767,7 +768,7 @@ def pretrained_transformer(spec, weights, ids, token_type_ids=None, padding_mask
         else:
             inner = act(_dense(h, weights, f"{p}/ffn/hidden"))
         out = _dense(inner, weights, f"{p}/ffn/output")
-        x = x + out if spec.norm_first else _canonical_norm(x + out, weights, f"{p}/ffn_norm", spec)
+        x = x + out if spec.normalize_first else _canonical_norm(x + out, weights, f"{p}/ffn_norm", spec)
     if spec.final_norm:
         x = _canonical_norm(x, weights, "final_norm", spec)
     embedding_t = _f64(weights["token_embedding/embeddings"]).T
@@ -776,7 +777,7 @@ def pretrained_transformer(spec, weights, ids, token_type_ids=None, padding_mask
     if spec.task == "masked_lm":
         t = _spec_activation(spec.head_activation)(_dense(x, weights, "mlm_head/dense"))
         t = layer_norm(t, weights["mlm_head/norm/scale"], weights["mlm_head/norm/offset"],
-                       spec.head_norm_eps)
+                       spec.head_layer_norm_epsilon)
         return t @ _f64(weights.get("mlm_head/decoder/kernel", embedding_t)) + _f64(
             weights["mlm_head/bias"])
     pooled = np.tanh(_dense(x[:, 0], weights, "pooler")) if spec.pooler else None

@@ -21,12 +21,12 @@ def config_of(name):
 
 def test_specs_of_the_fixtures():
     llama = spec_from_hf_config(*read_config(fx.hf_checkpoint("llama3")))
-    assert (llama.architecture, llama.task, llama.num_heads, llama.num_kv_heads,
+    assert (llama.architecture, llama.task, llama.num_heads, llama.num_key_value_heads,
             llama.head_dim, llama.norm, llama.activation, llama.gated_ffn) == (
         "llama", "causal_lm", 4, 2, 4, "rms", "silu", True)
     assert (llama.rope_type, llama.rope_theta, llama.rope_factor,
             llama.rope_original_max_positions) == ("llama3", 500000.0, 8.0, 16)
-    assert not llama.tie_word_embeddings and not llama.query_bias and llama.norm_first
+    assert not llama.tie_word_embeddings and not llama.query_bias and llama.normalize_first
     # generation_config.json's list of stop ids wins over config.json's single id
     config, generation = read_config(fx.hf_checkpoint("llama3"))
     assert llama.eos_token_ids == tuple(generation["eos_token_id"]) != (config["eos_token_id"],)
@@ -37,12 +37,12 @@ def test_specs_of_the_fixtures():
         True, True, True, False, False, True, None)
     assert spec_from_hf_config(config_of("mistral")).sliding_window == 3
     gpt2 = spec_from_hf_config(config_of("gpt2"))
-    assert (gpt2.position, gpt2.max_positions, gpt2.activation, gpt2.norm, gpt2.norm_eps,
-            gpt2.intermediate_size, gpt2.tie_word_embeddings) == (
+    assert (gpt2.position, gpt2.max_sequence_length, gpt2.activation, gpt2.norm, gpt2.layer_norm_epsilon,
+            gpt2.intermediate_dim, gpt2.tie_word_embeddings) == (
         "learned", 64, "gelu_tanh", "layer", 1e-5, 64, True)
     bert = spec_from_hf_config(config_of("bert_mlm"))
-    assert (bert.task, bert.causal, bert.norm_first, bert.embedding_norm, bert.final_norm,
-            bert.type_vocab_size, bert.activation, bert.head_activation, bert.pooler,
+    assert (bert.task, bert.causal, bert.normalize_first, bert.embedding_norm, bert.final_norm,
+            bert.num_segments, bert.activation, bert.head_activation, bert.pooler,
             bert.pad_token_id) == ("masked_lm", False, False, True, False, 2, "gelu", "gelu",
                                    False, 0)
     assert spec_from_hf_config(config_of("bert")).pooler

@@ -106,7 +106,7 @@ def test_padded_prompts_and_end_ids():
                           prompt_lengths=np.array([5], "int32"))
     # An end id the model chose, declared as one of two: the row stops right after it.
     first_new = int(together[0, 5])
-    other = (first_new + 1) % spec.vocab_size
+    other = (first_new + 1) % spec.vocabulary_size
     stopped = keras.ops.convert_to_numpy(decoding.generate(
         model, prompts[:1], max_length=16, eos_id=(other, first_new), pad_id=ids["pad_id"],
         suppressed_ids=()))
@@ -122,7 +122,7 @@ def test_bert_ignores_what_padding_holds():
     mask = np.ones_like(ids, bool)
     mask[:, 4:] = False
     garbage = ids.copy()
-    garbage[:, 4:] = (ids[:, 4:] + 7) % spec.vocab_size
+    garbage[:, 4:] = (ids[:, 4:] + 7) % spec.vocabulary_size
     padded = outputs_of(model, model_inputs(spec, garbage, mask, types))
     short = outputs_of(model, model_inputs(spec, ids[:, :4], mask[:, :4], types[:, :4]))
     np.testing.assert_allclose(padded["sequence_output"][:, :4], short["sequence_output"],
@@ -223,9 +223,9 @@ def test_arguments_that_are_not_what_they_name_are_refused():
     for call, name in ((lambda: generation_ids(None), "spec"),
                        (lambda: set_weights(model, spec, None), "weights"),
                        (lambda: set_weights(model, None, weights), "spec"),
-                       (lambda: spec.replace(num_kv_heads=0), "num_kv_heads"),
+                       (lambda: spec.replace(num_key_value_heads=0), "num_key_value_heads"),
                        (lambda: spec.replace(head_dim=-4), "head_dim"),
-                       (lambda: spec.replace(vocab_size=2.5), "vocab_size")):
+                       (lambda: spec.replace(vocabulary_size=2.5), "vocabulary_size")):
         with pytest.raises(ValueError, match=f"rgument `{name}`"):
             call()
 
@@ -254,7 +254,7 @@ def test_what_the_assembly_cannot_express_is_refused():
         set_weights(model, spec, incomplete)
     gpt2 = load_hf_checkpoint(fx.hf_checkpoint("gpt2"))[0]
     with pytest.raises(ValueError, match="max_length"):
-        build_model(gpt2, max_length=gpt2.max_positions + 1)
+        build_model(gpt2, max_length=gpt2.max_sequence_length + 1)
 
 
 KERAS_HUB = ("gpt2", "llama", "llama3", "mistral", "bert", "bert_mlm")
@@ -275,7 +275,7 @@ def test_keras_hub_models_match_keras_hub(name):
     theirs = fx.keras_hub_model(name)
     spec = spec_from_keras_hub(theirs)
     model = build_model(spec, canonical_from_keras_hub(theirs))
-    ids = np.random.default_rng(1).integers(0, spec.vocab_size, size=(2, 7)).astype("int32")
+    ids = np.random.default_rng(1).integers(0, spec.vocabulary_size, size=(2, 7)).astype("int32")
     mask = np.ones_like(ids, bool)
     ours = outputs_of(model, model_inputs(spec, ids, mask))
     expected = outputs_of(theirs, keras_hub_inputs(theirs, ids, mask))

@@ -124,11 +124,12 @@ def test_weights_that_would_be_lost_or_are_missing_are_refused():
         canonical_from_hf_state_dict({}, spec)
 
 
-SAME_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-               "head_dim", "intermediate_size", "causal", "norm", "norm_eps", "norm_first",
-               "gated_ffn", "query_bias", "key_bias", "value_bias", "output_bias", "ffn_bias",
-               "position", "tie_word_embeddings", "sliding_window", "rope_theta", "rope_type",
-               "type_vocab_size", "embedding_norm", "final_norm")
+SAME_FIELDS = ("vocabulary_size", "hidden_dim", "num_layers", "num_heads",
+               "num_key_value_heads", "head_dim", "intermediate_dim", "causal", "norm",
+               "layer_norm_epsilon", "normalize_first", "gated_ffn", "query_bias", "key_bias",
+               "value_bias", "output_bias", "ffn_bias", "position", "tie_word_embeddings",
+               "sliding_window", "rope_theta", "rope_type", "num_segments", "embedding_norm",
+               "final_norm")
 
 
 def test_keras_hub_importer_lands_on_our_weights():
@@ -162,7 +163,7 @@ def test_keras_hub_weights_reproduce_keras_hub():
         model = fx.keras_hub_model(name)
         spec, weights = spec_from_keras_hub(model), canonical_from_keras_hub(model)
         assert list(weights) == list(canonical_shapes(spec)), name
-        ids = np.random.default_rng(1).integers(0, spec.vocab_size, size=(2, 7))
+        ids = np.random.default_rng(1).integers(0, spec.vocabulary_size, size=(2, 7))
         ours = ref.pretrained_transformer(spec, weights, ids)
         theirs = keras_hub_outputs(model, ids)
         if spec.task == "encoder":
@@ -178,7 +179,7 @@ def test_keras_hub_specs_say_what_keras_hub_computes():
     assert (llama3.rope_type, llama3.rope_factor, llama3.rope_original_max_positions) == (
         "llama3", 8.0, 16)
     bert = spec_from_keras_hub(fx.keras_hub_model("bert_mlm"))
-    assert (bert.task, bert.activation, bert.head_activation, bert.head_norm_eps) == (
+    assert (bert.task, bert.activation, bert.head_activation, bert.head_layer_norm_epsilon) == (
         "masked_lm", "gelu_tanh", "gelu", 1e-5)  # keras-hub's BERT, not Hugging Face's
     gpt2 = spec_from_keras_hub(fx.keras_hub_model("gpt2"))
     assert (gpt2.task, gpt2.tie_word_embeddings, gpt2.activation) == (

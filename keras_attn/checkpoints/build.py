@@ -49,7 +49,7 @@ def attention_config(spec: ArchitectureSpec, **kernel) -> AttentionConfig:
             [float(f) for f in spec.rope_inverse_frequencies()], name="rotary_embedding",
             attention_scaling=spec.rope_attention_scaling)
     return AttentionConfig(
-        num_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        num_heads=spec.num_heads, num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.head_dim, use_bias=use_bias or False, position_encoding=position,
         sliding_window=spec.sliding_window, **kernel)
 
@@ -60,21 +60,21 @@ def block_config(spec: ArchitectureSpec, **kernel) -> BlockConfig:
     if spec.gated_ffn:
         activation = gated_name(spec.activation)
     return BlockConfig(
-        attention=attention_config(spec, **kernel), intermediate_dim=spec.intermediate_size,
-        activation=activation, use_bias=spec.ffn_bias, normalize_first=spec.norm_first,
-        norm=spec.norm, layer_norm_epsilon=spec.norm_eps, dropout=spec.dropout)
+        attention=attention_config(spec, **kernel), intermediate_dim=spec.intermediate_dim,
+        activation=activation, use_bias=spec.ffn_bias, normalize_first=spec.normalize_first,
+        norm=spec.norm, layer_norm_epsilon=spec.layer_norm_epsilon, dropout=spec.dropout)
 
 
 def _decoder(spec: ArchitectureSpec, dtype: str, kernel: dict, max_sequence_length):
     if spec.position == "learned":
-        if max_sequence_length is not None and max_sequence_length > spec.max_positions:
+        if max_sequence_length is not None and max_sequence_length > spec.max_sequence_length:
             raise ValueError(
                 "Argument `max_sequence_length` must be at most the checkpoint's "
-                f"{spec.max_positions} learned positions. Received: "
+                f"{spec.max_sequence_length} learned positions. Received: "
                 f"max_sequence_length={max_sequence_length}")
-        max_sequence_length = spec.max_positions
+        max_sequence_length = spec.max_sequence_length
     return TransformerDecoderOnly(
-        spec.vocab_size, spec.num_layers, spec.hidden_size, block_config(spec, **kernel),
+        spec.vocabulary_size, spec.num_layers, spec.hidden_dim, block_config(spec, **kernel),
         position_embedding="learned" if spec.position == "learned" else None,
         max_sequence_length=max_sequence_length,
         tie_word_embeddings=spec.tie_word_embeddings, pad_id=None, name="decoder",
@@ -83,17 +83,17 @@ def _decoder(spec: ArchitectureSpec, dtype: str, kernel: dict, max_sequence_leng
 
 def _encoder(spec: ArchitectureSpec, dtype: str, kernel: dict):
     embedding = TokenEmbedding(
-        spec.vocab_size, spec.hidden_size, position="learned",
-        max_sequence_length=spec.max_positions, num_segments=spec.type_vocab_size or None,
-        norm=spec.norm if spec.embedding_norm else None, layer_norm_epsilon=spec.norm_eps,
+        spec.vocabulary_size, spec.hidden_dim, position="learned",
+        max_sequence_length=spec.max_sequence_length, num_segments=spec.num_segments or None,
+        norm=spec.norm if spec.embedding_norm else None, layer_norm_epsilon=spec.layer_norm_epsilon,
         dropout=spec.embedding_dropout, name="embedding", dtype=dtype)
     head = None
     if spec.task == "masked_lm":
-        head = OutputHead(spec.vocab_size, tie_word_embeddings=spec.tie_word_embeddings,
+        head = OutputHead(spec.vocabulary_size, tie_word_embeddings=spec.tie_word_embeddings,
                           use_bias=True, transform_activation=_activation(spec.head_activation),
-                          layer_norm_epsilon=spec.head_norm_eps, name="head", dtype=dtype)
+                          layer_norm_epsilon=spec.head_layer_norm_epsilon, name="head", dtype=dtype)
     return TransformerEncoder(
-        spec.vocab_size, spec.num_layers, spec.hidden_size, block_config(spec, **kernel),
+        spec.vocabulary_size, spec.num_layers, spec.hidden_dim, block_config(spec, **kernel),
         pad_id=None, embedding=embedding, head=head, name="encoder", dtype=dtype)
 
 
@@ -113,18 +113,18 @@ def _check_supported(spec: ArchitectureSpec) -> None:
             f"attention_dropout={spec.attention_dropout}, dropout={spec.dropout} (e.g. "
             "`spec.replace(attention_dropout=spec.dropout)` to train with one rate)")
     if spec.architecture == "bert":
-        if spec.causal or spec.norm_first or spec.position != "learned" or spec.gated_ffn:
+        if spec.causal or spec.normalize_first or spec.position != "learned" or spec.gated_ffn:
             raise ValueError(
                 f"Cannot build the {spec.source} spec: a BERT encoder is bidirectional, "
                 "post-norm, with learned positions and a plain FFN. Received: "
-                f"causal={spec.causal}, norm_first={spec.norm_first}, "
+                f"causal={spec.causal}, norm_first={spec.normalize_first}, "
                 f"position={spec.position!r}, gated_ffn={spec.gated_ffn}")
-        if spec.head_dim * spec.num_heads != spec.hidden_size or (
-                spec.num_kv_heads != spec.num_heads):
+        if spec.head_dim * spec.num_heads != spec.hidden_dim or (
+                spec.num_key_value_heads != spec.num_heads):
             raise ValueError(
                 f"Cannot build the {spec.source} spec: the encoder's heads split hidden_size "
                 f"evenly, without grouped-query attention. Received: head_dim={spec.head_dim}"
-                f", num_heads={spec.num_heads}, num_kv_heads={spec.num_kv_heads}")
+                f", num_heads={spec.num_heads}, num_kv_heads={spec.num_key_value_heads}")
         if not (spec.query_bias and spec.key_bias and spec.value_bias and spec.output_bias
                 and spec.ffn_bias):
             raise ValueError(f"Cannot build the {spec.source} spec: the encoder's projections "
@@ -137,16 +137,16 @@ def _check_supported(spec: ArchitectureSpec) -> None:
         raise ValueError(
             f"Cannot build the {spec.source} spec: a {spec.architecture} model is a causal "
             f"language model. Received: causal={spec.causal}, task={spec.task!r}")
-    if spec.embedding_norm or spec.type_vocab_size or spec.pooler:
+    if spec.embedding_norm or spec.num_segments or spec.pooler:
         raise ValueError(
             f"Cannot build the {spec.source} spec: a decoder-only model has no embedding "
             f"norm, token types or pooler. Received: embedding_norm={spec.embedding_norm}, "
-            f"type_vocab_size={spec.type_vocab_size}, pooler={spec.pooler}")
-    if spec.final_norm != spec.norm_first:
+            f"type_vocab_size={spec.num_segments}, pooler={spec.pooler}")
+    if spec.final_norm != spec.normalize_first:
         raise ValueError(
             f"Cannot build the {spec.source} spec: keras_attn's decoder-only stack closes "
             "pre-norm blocks with a final norm, post-norm ones without. Received: "
-            f"final_norm={spec.final_norm}, norm_first={spec.norm_first}")
+            f"final_norm={spec.final_norm}, norm_first={spec.normalize_first}")
     if spec.embedding_dropout != spec.dropout:
         raise ValueError(
             f"Cannot build the {spec.source} spec: one dropout rate for the embedding and the "
@@ -273,7 +273,7 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
         dtype: optional `"float32"`, `"bfloat16"` or `"float16"`, the model's dtype (variables
             and computation; logits are float32). Defaults to `spec.dtype` (the weights').
         max_sequence_length: optional int, the longest decoding cache (learned positions: at
-            most `spec.max_positions`, which is the default there). Defaults to `None`.
+            most `spec.max_sequence_length`, which is the default there). Defaults to `None`.
         **kernel: the attention kernel, `AttentionConfig`'s `implementation` (`"dense"`,
             `"chunked"`, `"local"` with a `sliding_window`, ...), `chunk_size` and
             `flash_attention`. Default to the configuration's.
@@ -310,11 +310,11 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
         inputs["segment_ids"] = segment_ids
         encoder = _encoder(spec, dtype, kernel)
         outputs = encoder(token_ids, padding_mask=padding_mask,
-                          token_type_ids=segment_ids if spec.type_vocab_size else None)
+                          token_type_ids=segment_ids if spec.num_segments else None)
         if spec.task == "encoder":
             outputs = {"sequence_output": outputs}
             if spec.pooler:
-                pooler = keras.layers.Dense(spec.hidden_size, activation="tanh",
+                pooler = keras.layers.Dense(spec.hidden_dim, activation="tanh",
                                             name="pooler", dtype=dtype)
                 outputs["pooled_output"] = pooler(outputs["sequence_output"][:, 0, :])
     else:

@@ -50,8 +50,8 @@ def _norm(prefix: str, spec: ArchitectureSpec, size: int) -> dict[str, tuple]:
 
 
 def _layer(i: int, spec: ArchitectureSpec) -> dict[str, tuple]:
-    d, q, kv, f = (spec.hidden_size, spec.num_heads * spec.head_dim,
-                   spec.num_kv_heads * spec.head_dim, spec.intermediate_size)
+    d, q, kv, f = (spec.hidden_dim, spec.num_heads * spec.head_dim,
+                   spec.num_key_value_heads * spec.head_dim, spec.intermediate_dim)
     p = f"layers/{i}"
     shapes = _norm(f"{p}/attention_norm", spec, d)
     projections = {"query": (d, q), "key": (d, kv), "value": (d, kv), "output": (q, d)}
@@ -79,12 +79,12 @@ def canonical_shapes(spec: ArchitectureSpec) -> dict[str, tuple[int, ...]]:
     Returns:
         dict from key to shape tuple, in model order.
     """
-    d, v = spec.hidden_size, spec.vocab_size
+    d, v = spec.hidden_dim, spec.vocabulary_size
     shapes: dict[str, tuple[int, ...]] = {"token_embedding/embeddings": (v, d)}
     if spec.position == "learned":
-        shapes["position_embedding/embeddings"] = (spec.max_positions, d)
-    if spec.type_vocab_size:
-        shapes["token_type_embedding/embeddings"] = (spec.type_vocab_size, d)
+        shapes["position_embedding/embeddings"] = (spec.max_sequence_length, d)
+    if spec.num_segments:
+        shapes["token_type_embedding/embeddings"] = (spec.num_segments, d)
     if spec.embedding_norm:
         shapes.update(_norm("embedding_norm", spec, d))
     for i in range(spec.num_layers):

@@ -134,36 +134,38 @@ def spec_from_keras_hub(model) -> ArchitectureSpec:
     embedding = variables["token_embedding/embeddings"]
     common = dict(
         architecture=family, source=f"keras_hub.{type(model).__name__}",
-        vocab_size=config["vocabulary_size"], hidden_size=hidden,
-        num_layers=config["num_layers"], intermediate_size=config["intermediate_dim"],
+        vocabulary_size=config["vocabulary_size"], hidden_dim=hidden,
+        num_layers=config["num_layers"], intermediate_dim=config["intermediate_dim"],
         dtype=str(embedding.dtype), dropout=float(config["dropout"]),
         attention_dropout=float(config["dropout"]), **_token_ids(model))
     if family in ("llama", "mistral"):
         heads = config["num_query_heads"]
         head_dim = config.get("head_dim") or hidden // heads
         return ArchitectureSpec(
-            task="causal_lm", num_heads=heads, num_kv_heads=config["num_key_value_heads"],
-            head_dim=head_dim, causal=True, norm="rms", norm_eps=config["layer_norm_epsilon"],
-            norm_first=True, activation="silu", gated_ffn=True, query_bias=False,
+            task="causal_lm", num_heads=heads, num_key_value_heads=config["num_key_value_heads"],
+            head_dim=head_dim, causal=True, norm="rms",
+            layer_norm_epsilon=config["layer_norm_epsilon"],
+            normalize_first=True, activation="silu", gated_ffn=True, query_bias=False,
             key_bias=False, value_bias=False, output_bias=False, ffn_bias=False,
-            position="rope", max_positions=None, sliding_window=config.get("sliding_window"),
+            position="rope", max_sequence_length=None, sliding_window=config.get("sliding_window"),
             tie_word_embeddings="token_embedding/reverse_embeddings" not in variables,
             **_rope(config, family), **common)
     heads = config["num_heads"]
-    shared = {"num_heads": heads, "num_kv_heads": heads, "head_dim": hidden // heads,
+    shared = {"num_heads": heads, "num_key_value_heads": heads, "head_dim": hidden // heads,
               "norm": "layer", "gated_ffn": False, "query_bias": True, "key_bias": True,
               "value_bias": True, "output_bias": True, "ffn_bias": True, "position": "learned",
-              "max_positions": config["max_sequence_length"], "tie_word_embeddings": True,
+              "max_sequence_length": config["max_sequence_length"], "tie_word_embeddings": True,
               "activation": "gelu_tanh", "embedding_dropout": float(config["dropout"])}
     if family == "gpt2":
-        return ArchitectureSpec(task="causal_lm", causal=True, norm_eps=1e-5, norm_first=True,
+        return ArchitectureSpec(task="causal_lm", causal=True, layer_norm_epsilon=1e-5,
+                                normalize_first=True,
                                 **shared, **common)
     masked = "mlm_head/output_bias" in _variables(model)
     return ArchitectureSpec(
-        task="masked_lm" if masked else "encoder", causal=False, norm_eps=1e-12,
-        norm_first=False, type_vocab_size=config["num_segments"], embedding_norm=True,
+        task="masked_lm" if masked else "encoder", causal=False, layer_norm_epsilon=1e-12,
+        normalize_first=False, num_segments=config["num_segments"], embedding_norm=True,
         final_norm=False, pooler=True, head_activation="gelu" if masked else None,
-        head_norm_eps=1e-5 if masked else None, **shared, **common)
+        head_layer_norm_epsilon=1e-5 if masked else None, **shared, **common)
 
 
 def canonical_from_keras_hub(model) -> dict[str, np.ndarray]:

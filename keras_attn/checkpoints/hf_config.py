@@ -197,7 +197,7 @@ def _token_ids(config: dict, generation: dict | None, vocab_size: int):
             [] if value is None else [value])
         for item in items:
             if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < vocab_size:
-                refuse(key, value, f"expected an id in [0, vocab_size={vocab_size})")
+                refuse(key, value, f"expected an id in [0, vocabulary_size={vocab_size})")
         ids[key] = tuple(items) if key == "eos_token_id" else value
     return ids["bos_token_id"], ids["eos_token_id"], ids["pad_token_id"]
 
@@ -297,7 +297,7 @@ def _heads(config: dict, hidden: int) -> dict:
         head_dim = _int(config, "head_dim")
     if head_dim % 2:
         refuse("head_dim", head_dim, "rotary heads need an even size")
-    return {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim}
+    return {"num_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim}
 
 
 def _layer_windows(config: dict, family: str, layers: int) -> int | None:
@@ -364,7 +364,7 @@ def spec_from_hf_config(config: dict, generation_config: dict | None = None
     Example:
     >>> config, generation = read_config("path/to/llama")
     >>> spec = spec_from_hf_config(config, generation)
-    >>> spec.num_kv_heads, spec.rope_type  # (8, 'llama3')
+    >>> spec.num_key_value_heads, spec.rope_type  # (8, 'llama3')
     """
     if not isinstance(config, dict):
         _check_config_type(config)
@@ -377,7 +377,7 @@ def spec_from_hf_config(config: dict, generation_config: dict | None = None
         fields = _bert(config, task)
     else:
         fields = _llama_like(config, family)
-    vocab = fields["vocab_size"]
+    vocab = fields["vocabulary_size"]
     bos, eos, pad = _token_ids(config, generation_config, vocab)
     return ArchitectureSpec(
         architecture=family, task=task, source=source, dtype=_dtype(config),
@@ -397,15 +397,15 @@ def _llama_like(config: dict, family: str) -> dict:
     if family == "llama":
         _int(config, "pretraining_tp", 1)
     return dict(
-        vocab_size=_int(config, "vocab_size"), hidden_size=hidden, num_layers=layers,
-        intermediate_size=_int(config, "intermediate_size"), causal=True, norm="rms",
-        norm_eps=_float(config, "rms_norm_eps", 1e-6), norm_first=True,
+        vocabulary_size=_int(config, "vocab_size"), hidden_dim=hidden, num_layers=layers,
+        intermediate_dim=_int(config, "intermediate_size"), causal=True, norm="rms",
+        layer_norm_epsilon=_float(config, "rms_norm_eps", 1e-6), normalize_first=True,
         activation=_activation(config, "hidden_act", "silu"), gated_ffn=True,
         query_bias=attention_bias or family == "qwen2",
         key_bias=attention_bias or family == "qwen2",
         value_bias=attention_bias or family == "qwen2", output_bias=attention_bias,
         ffn_bias=family == "llama" and _flag(config, "mlp_bias", False),
-        position="rope", max_positions=_int(config, "max_position_embeddings", 2048),
+        position="rope", max_sequence_length=_int(config, "max_position_embeddings", 2048),
         sliding_window=_layer_windows(config, family, layers),
         attention_dropout=_float(config, "attention_dropout", 0.0),
         **_heads(config, hidden), **_rope(config))
@@ -423,16 +423,17 @@ def _gpt2(config: dict) -> dict:
         refuse("n_head", heads, f"n_embd={hidden} is not a multiple of it")
     inner = config.get("n_inner")
     return {
-        "vocab_size": _int(config, "vocab_size", 50257), "hidden_size": hidden,
-        "num_layers": _int(config, "n_layer", 12), "num_heads": heads, "num_kv_heads": heads,
+        "vocabulary_size": _int(config, "vocab_size", 50257), "hidden_dim": hidden,
+        "num_layers": _int(config, "n_layer", 12), "num_heads": heads, "num_key_value_heads": heads,
         "head_dim": hidden // heads,
-        "intermediate_size": 4 * hidden if inner is None else _int(config, "n_inner"),
-        "causal": True, "norm": "layer", "norm_eps": _float(config, "layer_norm_epsilon", 1e-5),
-        "norm_first": True,
+        "intermediate_dim": 4 * hidden if inner is None else _int(config, "n_inner"),
+        "causal": True, "norm": "layer",
+        "layer_norm_epsilon": _float(config, "layer_norm_epsilon", 1e-5),
+        "normalize_first": True,
         "activation": _activation(config, "activation_function", "gelu_new"),
         "gated_ffn": False, "query_bias": True, "key_bias": True, "value_bias": True,
         "output_bias": True, "ffn_bias": True, "position": "learned",
-        "max_positions": _int(config, "n_positions", 1024),
+        "max_sequence_length": _int(config, "n_positions", 1024),
         "dropout": _float(config, "resid_pdrop", 0.1),
         "attention_dropout": _float(config, "attn_pdrop", 0.1),
         "embedding_dropout": _float(config, "embd_pdrop", 0.1)}
@@ -448,17 +449,19 @@ def _bert(config: dict, task: str) -> dict:
     activation = _activation(config, "hidden_act", "gelu")
     dropout = _float(config, "hidden_dropout_prob", 0.1)
     return {
-        "vocab_size": _int(config, "vocab_size", 30522), "hidden_size": hidden,
+        "vocabulary_size": _int(config, "vocab_size", 30522), "hidden_dim": hidden,
         "num_layers": _int(config, "num_hidden_layers", 12), "num_heads": heads,
-        "num_kv_heads": heads, "head_dim": hidden // heads,
-        "intermediate_size": _int(config, "intermediate_size", 3072), "causal": False,
-        "norm": "layer", "norm_eps": _float(config, "layer_norm_eps", 1e-12), "norm_first": False,
+        "num_key_value_heads": heads, "head_dim": hidden // heads,
+        "intermediate_dim": _int(config, "intermediate_size", 3072), "causal": False,
+        "norm": "layer", "layer_norm_epsilon": _float(config, "layer_norm_eps", 1e-12),
+        "normalize_first": False,
         "activation": activation, "gated_ffn": False, "query_bias": True, "key_bias": True,
         "value_bias": True, "output_bias": True, "ffn_bias": True, "position": "learned",
-        "max_positions": _int(config, "max_position_embeddings", 512),
-        "type_vocab_size": _int(config, "type_vocab_size", 2, minimum=0),
+        "max_sequence_length": _int(config, "max_position_embeddings", 512),
+        "num_segments": _int(config, "type_vocab_size", 2, minimum=0),
         "embedding_norm": True, "final_norm": False,
         "head_activation": activation if task == "masked_lm" else None,
-        "head_norm_eps": _float(config, "layer_norm_eps", 1e-12) if task == "masked_lm" else None,
+        "head_layer_norm_epsilon": (_float(config, "layer_norm_eps", 1e-12)
+                                    if task == "masked_lm" else None),
         "pooler": task == "encoder", "dropout": dropout, "embedding_dropout": dropout,
         "attention_dropout": _float(config, "attention_probs_dropout_prob", 0.1)}

@@ -97,7 +97,7 @@ def _layer_source(family: str, i: int, part: str, leaf: str, spec: ArchitectureS
         if part in norms:
             return _norm_names(prefix + norms[part], leaf), _identity
         if part in ("attention/query", "attention/key", "attention/value"):
-            d = spec.hidden_size
+            d = spec.hidden_dim
             start = {"attention/query": 0, "attention/key": d, "attention/value": 2 * d}[part]
             return (f"{prefix}attn.c_attn.{torch_leaf}",), _column_slice(start, start + d)
         conv = {"attention/output": "attn.c_proj", "ffn/hidden": "mlp.c_fc",

@@ -4,7 +4,7 @@
 `spec_from_keras_hub` (a keras-hub backbone or task) return, and what a keras_attn model is
 built from. Its fields name the computation, not the checkpoint's spelling:
 
-- a block is `norm_first` (pre-norm: `x + attn(norm(x))`, then `x + ffn(norm(x))`; Llama,
+- a block is `normalize_first` (pre-norm: `x + attn(norm(x))`, then `x + ffn(norm(x))`; Llama,
   Mistral, Qwen2, GPT-2) or post-norm (`norm(x + attn(x))`, then `norm(x + ffn(x))`; BERT);
 - the FFN is `gated` (`act(x W_gate) * (x W_hidden)`, then `W_output`; SwiGLU) or plain
   (`act(x W_hidden)`, then `W_output`);
@@ -25,9 +25,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from keras_attn._checks import check_int
+from keras_attn._checks import check_int, warn_deprecated
 from keras_attn.checkpoints.rope import rope_inverse_frequencies
+from keras_attn.layers import legacy
 
+# keras_attn 0.2's field names (readable, and accepted by `replace`, for one release).
+RENAMED_FIELDS = {"vocab_size": "vocabulary_size", "hidden_size": "hidden_dim",
+                  "intermediate_size": "intermediate_dim", "num_kv_heads": "num_key_value_heads",
+                  "norm_eps": "layer_norm_epsilon", "norm_first": "normalize_first",
+                  "max_positions": "max_sequence_length", "type_vocab_size": "num_segments",
+                  "head_norm_eps": "head_layer_norm_epsilon"}
 ARCHITECTURES = ("llama", "mistral", "qwen2", "gpt2", "bert")
 TASKS = ("causal_lm", "masked_lm", "encoder")
 # Activation names of the spec and their formulas (keras: `keras.activations.<name>`).
@@ -49,19 +56,19 @@ class ArchitectureSpec:
             or `"encoder"` (hidden states and BERT's pooler, no head).
         source: str, what it was read from, e.g. `"LlamaForCausalLM"`,
             `"keras_hub.LlamaCausalLM"`.
-        vocab_size: int, rows of the token embedding (and columns of the logits).
-        hidden_size: int, the model width `d`.
+        vocabulary_size: int, rows of the token embedding (and columns of the logits).
+        hidden_dim: int, the model width `d`.
         num_layers: int, Transformer blocks.
         num_heads: int, query heads.
-        num_kv_heads: int, key/value heads (`< num_heads`: grouped-query attention).
+        num_key_value_heads: int, key/value heads (`< num_heads`: grouped-query attention).
         head_dim: int, the size of one head (`num_heads * head_dim` may differ from
-            `hidden_size`).
-        intermediate_size: int, the FFN's inner width.
+            `hidden_dim`).
+        intermediate_dim: int, the FFN's inner width.
         causal: bool, whether a position attends only to itself and earlier positions.
         norm: str, `"rms"` (`x / sqrt(mean(x²) + eps) * scale`) or `"layer"`
             (`(x - mean) / sqrt(var + eps) * scale + offset`).
-        norm_eps: float, the norms' epsilon (inside the square root).
-        norm_first: bool, pre-norm (True) or post-norm (False) blocks.
+        layer_norm_epsilon: float, the norms' epsilon (inside the square root).
+        normalize_first: bool, pre-norm (True) or post-norm (False) blocks.
         activation: str, the FFN activation, a key of `ACTIVATIONS`.
         gated_ffn: bool, whether the FFN is gated (SwiGLU-style).
         query_bias: bool, whether the query projection has a bias.
@@ -70,8 +77,8 @@ class ArchitectureSpec:
         output_bias: bool, likewise the attention's output projection.
         ffn_bias: bool, whether the FFN's projections have biases.
         position: str, `"rope"` or `"learned"`.
-        max_positions: int or None, the longest sequence the checkpoint was configured for
-            (the learned table's rows; for RoPE informative only, None when unrecorded).
+        max_sequence_length: int or None, the longest sequence the checkpoint was configured
+            for (the learned table's rows; for RoPE informative only, None when unrecorded).
         rope_theta: float or None, the RoPE base (None without RoPE).
         rope_type: str or None, `"default"`, `"linear"`, `"llama3"` or `"yarn"` (None without
             RoPE).
@@ -86,13 +93,13 @@ class ArchitectureSpec:
         rope_attention_scaling: float, what cos and sin are multiplied by (so the rotated
             queries and keys); 1 but for `"yarn"`.
         sliding_window: int or None, the local attention span of every layer.
-        type_vocab_size: int, rows of the token-type (segment) embedding; 0 for none.
+        num_segments: int, rows of the token-type (segment) embedding; 0 for none.
         embedding_norm: bool, a norm right after the summed embeddings (BERT).
         final_norm: bool, a norm after the last block (pre-norm models).
         tie_word_embeddings: bool, whether the output projection is the token embedding
             transposed (no `lm_head/kernel` or `mlm_head/decoder/kernel` weight).
         head_activation: str or None, the activation of BERT's MLM head transform.
-        head_norm_eps: float or None, the epsilon of the MLM head's layer norm.
+        head_layer_norm_epsilon: float or None, the epsilon of the MLM head's layer norm.
         pooler: bool, whether BERT's pooler (dense + tanh on the first token) is present.
         bos_token_id: int or None, the begin-of-sequence id.
         eos_token_ids: tuple of int, the ids that end generation (may be empty).
@@ -108,17 +115,17 @@ class ArchitectureSpec:
     architecture: str
     task: str
     source: str
-    vocab_size: int
-    hidden_size: int
+    vocabulary_size: int
+    hidden_dim: int
     num_layers: int
     num_heads: int
-    num_kv_heads: int
+    num_key_value_heads: int
     head_dim: int
-    intermediate_size: int
+    intermediate_dim: int
     causal: bool
     norm: str
-    norm_eps: float
-    norm_first: bool
+    layer_norm_epsilon: float
+    normalize_first: bool
     activation: str
     gated_ffn: bool
     query_bias: bool
@@ -127,7 +134,7 @@ class ArchitectureSpec:
     output_bias: bool
     ffn_bias: bool
     position: str
-    max_positions: int | None
+    max_sequence_length: int | None
     rope_theta: float | None = None
     rope_type: str | None = None
     rope_factor: float | None = None
@@ -139,12 +146,12 @@ class ArchitectureSpec:
     rope_truncate: bool = True
     rope_attention_scaling: float = 1.0
     sliding_window: int | None = None
-    type_vocab_size: int = 0
+    num_segments: int = 0
     embedding_norm: bool = False
     final_norm: bool = True
     tie_word_embeddings: bool = False
     head_activation: str | None = None
-    head_norm_eps: float | None = None
+    head_layer_norm_epsilon: float | None = None
     pooler: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -166,13 +173,13 @@ class ArchitectureSpec:
             raise ValueError(f"Received an invalid value for argument `activation`, expected "
                              f"one of {sorted(ACTIVATIONS)}. Received: "
                              f"activation={self.activation!r}")
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "intermediate_size"):
+        for name in ("vocabulary_size", "hidden_dim", "num_layers", "num_heads",
+                     "num_key_value_heads", "head_dim", "intermediate_dim"):
             check_int(name, getattr(self, name))
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError("Received an invalid value for argument `num_kv_heads`, expected "
-                             f"a divisor of num_heads={self.num_heads}. Received: "
-                             f"num_kv_heads={self.num_kv_heads}")
+        if self.num_heads % self.num_key_value_heads:
+            raise ValueError("Received an invalid value for argument `num_key_value_heads`, "
+                             f"expected a divisor of num_heads={self.num_heads}. Received: "
+                             f"num_key_value_heads={self.num_key_value_heads}")
 
     def rope_inverse_frequencies(self) -> np.ndarray:
         """The `(head_dim // 2,)` float32 inverse frequencies of the rotary embedding.
@@ -190,5 +197,21 @@ class ArchitectureSpec:
             self.rope_truncate)
 
     def replace(self, **changes) -> ArchitectureSpec:
-        """A copy with `changes` applied (e.g. `spec.replace(dtype="float32")`)."""
+        """A copy with `changes` applied (e.g. `spec.replace(dtype="float32")`); the field
+        names of keras_attn 0.2 (`hidden_size`, `num_kv_heads`, ...) still work, with a
+        DeprecationWarning."""
+        changes.update(legacy.rename(changes, "ArchitectureSpec.replace", RENAMED_FIELDS))
         return dataclasses.replace(self, **changes)
+
+
+def _deprecated_field(old: str, new: str):
+    def read(self):
+        warn_deprecated(f"ArchitectureSpec: `{old}` is `{new}` (keras_attn 0.3 names, see "
+                        "CHANGELOG.md).")
+        return getattr(self, new)
+
+    return property(read, doc=f"Deprecated: `{new}`.")
+
+
+for _old, _new in RENAMED_FIELDS.items():
+    setattr(ArchitectureSpec, _old, _deprecated_field(_old, _new))

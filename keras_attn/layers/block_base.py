@@ -69,11 +69,12 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
                 fields["use_bias"], use_bias = legacy.split_use_bias(use_bias)
             if fields:
                 attention = AttentionConfig.merge(attention, **fields)
+            if normalize_first is None:
+                normalize_first = self.normalize_first_default
             given = {"attention": attention, "intermediate_dim": intermediate_dim,
-                         "dropout": dropout, "activation": activation,
-                         "layer_norm_epsilon": layer_norm_epsilon, "norm": norm, "use_bias": use_bias,
-                         "normalize_first": (self.normalize_first_default if normalize_first is None
-                                          else normalize_first)}
+                     "dropout": dropout, "activation": activation,
+                     "layer_norm_epsilon": layer_norm_epsilon, "norm": norm,
+                     "use_bias": use_bias, "normalize_first": normalize_first}
             given.update({k: v for k, v in renamed.items() if k != "gated_ffn"})
             if renamed.get("gated_ffn"):
                 given["activation"] = gated_name(given["activation"])
@@ -222,7 +223,8 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
         return cls(**config)
 
 
-BLOCK_ARGS_DOC = """        attention: a `keras_attn.layers.AttentionConfig` (heads, key/value heads, head size,
+BLOCK_ARGS_DOC = """        attention: a `keras_attn.layers.AttentionConfig` (heads, key/value heads, head
+            size,
             projection biases, positions, kernel, window, soft-cap), its config, or the number
             of heads (an int). The self-attention takes it as it is; a decoder's
             cross-attention without positions or window (`for_cross_attention`); T5's

@@ -411,8 +411,8 @@ class OutputHead(QuantizedSublayers, keras.layers.Layer):
         if table is None or (table.input_dim, table.output_dim) != (self.vocabulary_size, dim):
             raise ValueError(
                 "A tied OutputHead needs a token table of shape "
-                f"(vocabulary_size={self.vocabulary_size}, {dim}) linked with `tie(token_embedding)` before it is built. Received: "
-                f"token_embedding={table!r}")
+                f"(vocabulary_size={self.vocabulary_size}, {dim}) linked with "
+                f"`tie(token_embedding)` before it is built. Received: token_embedding={table!r}")
         if self.use_bias:
             self.bias = self.add_weight(name="bias", shape=(self.vocabulary_size,),
                                         initializer="zeros")

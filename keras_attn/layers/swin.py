@@ -413,7 +413,8 @@ class PatchEmbedding(QuantizedSublayers, keras.layers.Layer):
                                               dtype=self.dtype_policy)
         self.projection.build(input_shape)
         if self.use_norm:
-            self.norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="norm",
+            self.norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon,
+                                                        name="norm",
                                                         dtype=self.dtype_policy)
             self.norm.build(self.compute_output_shape(input_shape))
 

@@ -30,6 +30,20 @@ from keras_attn.models.transformer import (
     transformer_seq2seq,
 )
 
+# The task models live in `keras_attn.tasks` (above decoding and checkpoints); these names
+# forward there, imported at use.
+_TASKS = ("CausalLM", "Seq2SeqLM", "TextClassifier")
+
+
+def __getattr__(name: str):
+    """`keras_attn.models.CausalLM` and the other task models of `keras_attn.tasks`."""
+    if name not in _TASKS:
+        raise AttributeError(f"module 'keras_attn.models' has no attribute {name!r}")
+    from keras_attn import tasks
+
+    return getattr(tasks, name)
+
+
 __all__ = [
     "BahdanauDecoder",
     "BahdanauEncoder",

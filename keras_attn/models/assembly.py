@@ -39,7 +39,8 @@ STACK_ARGS_DOC = """        vocabulary_size: int, number of tokens.
             (`keras_attn.layers.initializers`). Defaults to `"glorot_uniform"`.
         seed: optional int seed for the dropouts. Defaults to `None`."""
 
-LEGACY_DOC = """        The arguments of keras_attn 0.2 (`vocab_size`, `embed_dim`, `num_heads`, `ffn_dim`,
+LEGACY_DOC = """        The arguments of keras_attn 0.2 (`vocab_size`, `embed_dim`, `num_heads`,
+        `ffn_dim`,
         `dropout`, `norm_first`, `activation`, `epsilon`, `implementation`, ...) still make the
         `block`, with a DeprecationWarning (`keras_attn.layers.legacy`)."""
 

@@ -289,7 +289,8 @@ class BahdanauDecoder(_BahdanauStack):
         return_attention_scores=False,
         training=None,
     ):
-        logits = keras.KerasTensor(tuple(target_ids.shape) + (self.vocabulary_size,), dtype="float32")
+        logits = keras.KerasTensor(tuple(target_ids.shape) + (self.vocabulary_size,),
+                                   dtype="float32")
         if not return_attention_scores:
             return logits
         weights_shape = tuple(target_ids.shape) + (encoder_outputs[0].shape[1],)

@@ -214,7 +214,8 @@ class TransformerDecoderOnly(_Stack):
         head = self.head
         table = getattr(head, "token_embedding", None)
         if (keras.backend.backend() != "tensorflow" or in_xla_context()
-                or not self.tie_word_embeddings or getattr(head, "transform_dense", None) is not None
+                or not self.tie_word_embeddings
+                or getattr(head, "transform_dense", None) is not None
                 or table is None or table.quantization_mode is not None
                 or table.reverse_dtype is not None or table.logit_soft_cap is not None):
             return self._logits(x)

@@ -28,7 +28,14 @@ import os
 import keras
 
 from keras_attn._checks import check_bool, check_int, check_one_of
-from keras_attn.tokens import BOS_ID, EOS_ID, FIRST_WORD_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
+from keras_attn.tokens import (
+    BOS_ID,
+    EOS_ID,
+    FIRST_WORD_ID,
+    PAD_ID,
+    RESERVED_TOKENS,
+    UNK_ID,
+)
 
 # The files of a Hugging Face tokenizer that `load_tokenizer` reads.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",

@@ -57,7 +57,7 @@ class CausalLM(Task):
                  sampler="greedy", **kwargs):
         backbone = _backbone(backbone)
         if preprocessor is not None and not isinstance(preprocessor, CausalLMPreprocessor):
-            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+            raise ValueError(
                 "Argument `preprocessor` must be a CausalLMPreprocessor or None. Received: "
                 f"preprocessor={preprocessor!r}")
         inputs = {"token_ids": keras.Input((None,), dtype="int32", name="token_ids"),
@@ -83,11 +83,16 @@ class CausalLM(Task):
             **kernel: attention kernel options (`implementation`, `chunk_size`,
                 `flash_attention`; `keras_attn.checkpoints.build_model`).
         """
-        from keras_attn.checkpoints import build_model, generation_ids, load_hf_checkpoint
+        from keras_attn.checkpoints import (
+            build_model,
+            generation_ids,
+            load_hf_checkpoint,
+        )
 
         if not isinstance(directory, str):
-            raise ValueError("Argument `directory` must be the path of a checkpoint directory. "
-                             f"Received: directory={directory!r}")
+            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+                "Argument `directory` must be the path of a checkpoint directory. "
+                f"Received: directory={directory!r}")
         spec, weights = load_hf_checkpoint(directory, dtype)
         if spec.task != "causal_lm":
             raise ValueError(
