@@ -9,7 +9,6 @@ __version__ = "0.3.0.dev0"
 
 from keras_attn import decoding, layers, metrics, models, ops, preprocessing, tasks  # noqa: F401
 from keras_attn.layers import *
-from keras_attn.tasks import CausalLM  # noqa: F401
 from keras_attn.models import (  # noqa: F401 - the stacks, here as before
     BahdanauDecoder,
     BahdanauEncoder,
@@ -19,3 +18,4 @@ from keras_attn.models import (  # noqa: F401 - the stacks, here as before
     TransformerDecoderOnly,
     TransformerEncoder,
 )
+from keras_attn.tasks import CausalLM  # noqa: F401

@@ -52,6 +52,7 @@ from keras_attn._checks import check_new_directory, check_number, check_positive
 from keras_attn.data.subwords import SentencePieceVectorizer, detokenize_tf
 from keras_attn.data.translation import WHITESPACE
 from keras_attn.decoding.mask_predict import check_mask_predict_args
+from keras_attn.layers import legacy
 from keras_attn.tokens import FIRST_WORD_ID, UNK_ID
 
 # Splits of `TextVectorization` whose token count the exported graph reproduces exactly.
@@ -315,13 +316,14 @@ def export_nat_translator(
     model: keras.Model,
     source_vectorizer: keras.layers.TextVectorization,
     target_vectorizer: keras.layers.TextVectorization,
-    export_dir: str,
+    path: str | None = None,
     max_length: int | None = None,
     iterations: int = 10,
     standardize: Callable[[tf.Tensor], tf.Tensor] | None = None,
     joiner: str = " ",
     length_beam: int = 1,
     word_start: str | None = None,
+    **kwargs,
 ) -> str:
     """Write a SavedModel of a non-autoregressive (`nat_seq2seq`) translator.
 
@@ -337,8 +339,8 @@ def export_nat_translator(
         model: a `keras_attn.models.nat_seq2seq` model.
         source_vectorizer: the source `TextVectorization` (as for `export_translator`).
         target_vectorizer: the target `TextVectorization`; its vocabulary detokenizes.
-        export_dir: str, the SavedModel directory to write: a new or empty directory (as
-            for `export_translator`).
+        path: str, the SavedModel directory to write: a new or empty directory (as for
+            `export_translator`; keras_attn 0.2 called it `export_dir`).
         max_length: int, the longest output, at most the model's `max_target_length`.
             Defaults to `None` (the model's `max_target_length`).
         iterations: int >= 1, Mask-Predict iterations. Defaults to `10`.
@@ -351,7 +353,7 @@ def export_nat_translator(
             `export_translator`). Defaults to `None`.
 
     Returns:
-        `export_dir`.
+        `path`.
 
     Example:
     >>> export_nat_translator(model, data.source_vectorizer, data.target_vectorizer,
@@ -360,7 +362,11 @@ def export_nat_translator(
     >>> translator = tf.saved_model.load("runs/nat/saved_model")
     >>> translator.signatures["translate"](text=tf.constant(["march 3rd, 2021"]))
     """
-    export_dir = check_new_directory("export_dir", export_dir)
+    path = legacy.rename(kwargs, "export_nat_translator", {"export_dir": "path"}).get("path", path)
+    if kwargs:
+        raise TypeError(f"export_nat_translator() got unexpected keyword arguments "
+                        f"{sorted(kwargs)}")
+    path = check_new_directory("path", path)
     _check_vectorizer("source_vectorizer", source_vectorizer)
     _check_vectorizer("target_vectorizer", target_vectorizer)
     translate = make_nat_translate_fn(
@@ -376,7 +382,7 @@ def export_nat_translator(
                 "length_logits": tf.cast(length_logits, "float32")}
 
     return _write_archive(
-        export_dir, model, source_vectorizer, translate, serve,
+        path, model, source_vectorizer, translate, serve,
         serve_signature=[
             tf.TensorSpec([None, source_length], tf.int32, name="source_ids"),
             tf.TensorSpec([None, target_length], tf.int32, name="masked_target_ids"),

@@ -219,16 +219,16 @@ def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_5_reads_it(
 
 
 ROPE_ERRORS = [
-    ({"head_dim": 3, "theta": 1e4}, "head_dim"),
-    ({"head_dim": 4, "theta": 0}, "theta"),
-    ({"head_dim": 4, "theta": 1e4, "rope_type": "dynamic"}, "rope_type"),
-    ({"head_dim": 4, "theta": 1e4, "rope_type": "yarn"}, "factor"),
-    ({"head_dim": 4, "theta": 1e4, "rope_type": "yarn", "factor": 2.0},
+    ({"head_dim": 3, "max_wavelength": 1e4}, "head_dim"),
+    ({"head_dim": 4, "max_wavelength": 0}, "max_wavelength"),
+    ({"head_dim": 4, "max_wavelength": 1e4, "rope_type": "dynamic"}, "rope_type"),
+    ({"head_dim": 4, "max_wavelength": 1e4, "rope_type": "yarn"}, "factor"),
+    ({"head_dim": 4, "max_wavelength": 1e4, "rope_type": "yarn", "factor": 2.0},
      "original_max_position_embeddings"),
-    ({"head_dim": 4, "theta": 1e4, "rope_type": "yarn", "factor": 2.0,
+    ({"head_dim": 4, "max_wavelength": 1e4, "rope_type": "yarn", "factor": 2.0,
       "original_max_position_embeddings": 8, "beta_slow": -1.0}, "beta_slow"),
-    ({"head_dim": 4, "theta": 1e4, "rope_type": "linear"}, "factor"),
-    ({"head_dim": 4, "theta": 1e4, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+    ({"head_dim": 4, "max_wavelength": 1e4, "rope_type": "linear"}, "factor"),
+    ({"head_dim": 4, "max_wavelength": 1e4, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
       "high_freq_factor": 1.0, "original_max_position_embeddings": 8}, "high_freq_factor"),
 ]
 

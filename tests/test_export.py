@@ -247,7 +247,7 @@ def test_translators_are_never_written_over_anything(dates, tmp_path):
                       max_target_length=dates.target_length)
     check_never_writes_over_anything(lambda path: export_nat_translator(
         nat, dates.source_vectorizer, dates.target_vectorizer, path), tmp_path,
-        name="export_dir")
+        name="path")
 
 
 # Every whitespace character alone, all of them at once, and a mix with ASCII spaces.

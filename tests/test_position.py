@@ -69,9 +69,9 @@ def test_position_biases_on_every_kernel_equal_the_reference(kernel, kind):
 
     def fn(q, k, v, table):
         if kind == "t5":
-            bias = attn_ops.RelativePositionBias(table, bidirectional=False, max_distance=20)
+            bias = attn_ops.RelativeTileBias(table, bidirectional=False, max_distance=20)
         else:
-            bias = attn_ops.AlibiBias(heads, symmetric=kind == "alibi_symmetric")
+            bias = attn_ops.AlibiTileBias(heads, symmetric=kind == "alibi_symmetric")
         mask = AttentionMask.build(t, s, batch, valid_lens=lens, use_causal_mask=True,
                                    causal_offset=offset)
         return attn_ops.dot_product_attention(q, k, v, mask,
@@ -108,8 +108,8 @@ def test_relative_biases_on_the_local_kernel(kind, num_global):
 
     def bias_of(table):
         if kind == "t5":
-            return attn_ops.RelativePositionBias(table, bidirectional=True, max_distance=16)
-        return attn_ops.AlibiBias(4, symmetric=True)
+            return attn_ops.RelativeTileBias(table, bidirectional=True, max_distance=16)
+        return attn_ops.AlibiTileBias(4, symmetric=True)
 
     def fn(q, k, v, table):
         mask = AttentionMask.build(13, 13, 2, window=3, num_global=num_global)

@@ -14,7 +14,7 @@ imported); only the tokenizers need TensorFlow (their ops run inside a TF graph)
 - `ArchitectureSpec` (`spec`): the architecture; `canonical_shapes(spec)` (`canonical`): every
   weight a spec has, with its shape and meaning.
 - `read_safetensors`, `read_config` (`files`); `spec_from_hf_config`;
-  `canonical_from_hf_state_dict`; `rope_inverse_frequencies` (`rope`).
+  `canonical_from_hf_state_dict`; `rope_inverse_frequencies` (`keras_attn.ops.rope`).
 - `build_model(spec, weights, dtype=None)` (`build`): the keras_attn model of a spec (one
   assembly: `TransformerDecoderOnly` or BERT's `TransformerEncoder`) with the weights set;
   `generation_ids(spec)`: the checkpoint's eos/pad ids for `keras_attn.decoding.generate`;
@@ -40,8 +40,8 @@ from keras_attn.checkpoints.hf_weights import (
     canonical_from_hf_state_dict,
     load_hf_checkpoint,
 )
-from keras_attn.checkpoints.rope import rope_inverse_frequencies
 from keras_attn.checkpoints.spec import ArchitectureSpec
+from keras_attn.ops.rope import rope_inverse_frequencies
 
 __all__ = [
     "ArchitectureSpec", "build_model", "canonical_from_hf_state_dict",

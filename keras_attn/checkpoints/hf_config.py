@@ -47,8 +47,8 @@ table does not know is refused too: its meaning cannot be checked, so it is neve
 
 from __future__ import annotations
 
-from keras_attn.checkpoints.rope import yarn_attention_scaling
 from keras_attn.checkpoints.spec import ArchitectureSpec
+from keras_attn.ops.rope import yarn_attention_scaling
 
 CLASSES = {
     "LlamaForCausalLM": ("llama", "causal_lm"),

@@ -12,7 +12,7 @@ built from. Its fields name the computation, not the checkpoint's spelling:
   refused); `num_kv_heads < num_heads` is grouped-query attention (query head `h` reads
   key/value head `h // (num_heads // num_kv_heads)`);
 - positions are `"rope"` (rotary, inverse frequencies from `rope_inverse_frequencies()`) or
-  `"learned"` (a `(max_positions, hidden_size)` table added to the token embeddings, position
+  `"learned"` (a `(max_sequence_length, hidden_dim)` table added to the token embeddings, position
   ids counted from 0);
 - `sliding_window=w`: the query at position p sees the keys p - w + 1 ... p (keras_attn's and
   Hugging Face Mistral's meaning), in every layer.
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from keras_attn._checks import check_int, warn_deprecated
-from keras_attn.checkpoints.rope import rope_inverse_frequencies
 from keras_attn.layers import legacy
+from keras_attn.ops.rope import rope_inverse_frequencies
 
 # keras_attn 0.2's field names (readable, and accepted by `replace`, for one release).
 RENAMED_FIELDS = {"vocab_size": "vocabulary_size", "hidden_size": "hidden_dim",

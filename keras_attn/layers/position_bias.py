@@ -79,9 +79,9 @@ class AlibiBias(_ScoresBias):
         self.symmetric = symmetric
         self.built = True  # no weights (see RotaryEmbedding)
 
-    def position_bias(self, num_heads: int) -> attn_ops.AlibiBias:
+    def position_bias(self, num_heads: int) -> attn_ops.AlibiTileBias:
         """The bias over `num_heads` heads, for the kernels."""
-        return attn_ops.AlibiBias(num_heads, self.max_bias, self.symmetric)
+        return attn_ops.AlibiTileBias(num_heads, self.max_bias, self.symmetric)
 
     def get_config(self):
         config = super().get_config()
@@ -138,14 +138,14 @@ class RelativePositionBias(_ScoresBias):
         self.table = self.add_weight(name="table", shape=(self.num_buckets, num_heads),
                                      initializer=self.embeddings_initializer)
 
-    def position_bias(self, num_heads: int) -> attn_ops.RelativePositionBias:
+    def position_bias(self, num_heads: int) -> attn_ops.RelativeTileBias:
         """The bias for the kernels (its table is this layer's weight)."""
         if self.table.shape[1] != num_heads:
             raise ValueError(
                 f"This RelativePositionBias was built for {self.table.shape[1]} heads. "
                 f"Received: num_heads={num_heads}"
             )
-        return attn_ops.RelativePositionBias(self.table, self.bidirectional, self.max_distance)
+        return attn_ops.RelativeTileBias(self.table, self.bidirectional, self.max_distance)
 
     def get_config(self):
         config = super().get_config()

@@ -171,8 +171,8 @@ class RotaryEmbedding(keras.layers.Layer):
     def inverse_frequencies(self, depth: int):
         """The float32 inverse frequencies `(depth / 2,)` of the rotation; the one place a
         subclass changes them (Llama 3's or other `rope_scaling`)."""
-        return attn_ops.rope_inverse_frequencies(depth, self.max_wavelength,
-                                                 self.scaling_factor)
+        return attn_ops.scaled_inverse_frequencies(depth, self.max_wavelength,
+                                                   self.scaling_factor)
 
     def rotate(self, x, start_index=0, sequence_axis=None, positions=None):
         """`x` rotated, its positions along `sequence_axis` (default: the layer's)."""

@@ -18,7 +18,7 @@ class FrequencyRotaryEmbedding(RotaryEmbedding):
     The rotation is `RotaryEmbedding`'s ("rotate half": feature `i` pairs with `i + d/2`,
     angle `θᵢ = position · fᵢ`); only the `d/2` frequencies come from the argument, so that a
     checkpoint's scaled RoPE (`rope_scaling` `"llama3"`, `"linear"`, ... as
-    `keras_attn.checkpoints.rope_inverse_frequencies` computes them) is applied exactly.
+    `keras_attn.ops.rope_inverse_frequencies` computes them) is applied exactly.
 
     Args:
         inverse_frequencies: sequence of `d / 2` positive floats, `f_0 ... f_{d/2 - 1}`.

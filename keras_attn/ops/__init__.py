@@ -35,22 +35,23 @@ from keras_attn.ops.kernels.linear import (
 from keras_attn.ops.local import local_dot_product_attention
 from keras_attn.ops.masks import AttentionMask, sequence_mask
 from keras_attn.ops.position import (
-    AlibiBias,
+    AlibiTileBias,
     PositionBias,
-    RelativePositionBias,
+    RelativeTileBias,
     alibi_slopes,
     relative_position_bucket,
-    rope_inverse_frequencies,
     rotary_embedding,
+    scaled_inverse_frequencies,
 )
+from keras_attn.ops.rope import rope_inverse_frequencies, yarn_attention_scaling
 from keras_attn.ops.softmax import masked_softmax
 
 __all__ = [
     "IMPLEMENTATIONS",
-    "AlibiBias",
+    "AlibiTileBias",
     "AttentionMask",
     "PositionBias",
-    "RelativePositionBias",
+    "RelativeTileBias",
     "alibi_slopes",
     "attend",
     "causal_mask",
@@ -68,7 +69,23 @@ __all__ = [
     "relative_position_bucket",
     "rope_inverse_frequencies",
     "rotary_embedding",
+    "scaled_inverse_frequencies",
     "sequence_mask",
     "split_heads",
     "valid_lens_mask",
+    "yarn_attention_scaling",
 ]
+
+# keras_attn 0.2's names of the tile biases (the layers keep `AlibiBias` and
+# `RelativePositionBias`: one class per name).
+_RENAMED = {"AlibiBias": "AlibiTileBias", "RelativePositionBias": "RelativeTileBias"}
+
+
+def __getattr__(name: str):
+    if name not in _RENAMED:
+        raise AttributeError(f"module 'keras_attn.ops' has no attribute {name!r}")
+    from keras_attn._checks import warn_deprecated
+
+    warn_deprecated(f"keras_attn.ops: `{name}` is `{_RENAMED[name]}` (keras_attn.layers.{name} "
+                    "is the layer) (keras_attn 0.3 names, see CHANGELOG.md).")
+    return globals()[_RENAMED[name]]

@@ -179,8 +179,8 @@ def dot_product_attention(
             `keras_attn.tuning`) or the causal prefix-sum chunk (`"linear"`, 64).
         bias: optional float tensor broadcastable to `(..., T, S)`, added to the scaled scores
             (a torch-style additive mask, any bias).
-        position_bias: optional `keras_attn.ops.PositionBias` (`AlibiBias`,
-            `RelativePositionBias`) over `H` heads, placed by the mask's `offset`: the dense
+        position_bias: optional `keras_attn.ops.PositionBias` (`AlibiTileBias`,
+            `RelativeTileBias`) over `H` heads, placed by the mask's `offset`: the dense
             kernel adds it whole, the blockwise kernel tile by tile, the local kernel per
             window. Defaults to `None`.
         return_weights: bool or None: whether to return the weights; `None` returns them when
@@ -222,8 +222,8 @@ def dot_product_attention(
         bias = check_bias(bias, query, key)
     if position_bias is not None and not isinstance(position_bias, PositionBias):
         raise ValueError(
-            "Argument `position_bias` must be a keras_attn.ops.PositionBias (AlibiBias, "
-            f"RelativePositionBias). Received: position_bias={position_bias!r}"
+            "Argument `position_bias` must be a keras_attn.ops.PositionBias (AlibiTileBias, "
+            f"RelativeTileBias). Received: position_bias={position_bias!r}"
         )
     mask = as_attention_mask(mask, ops.shape(query)[-2], ops.shape(key)[-2], query.shape[0],
                              **loose)

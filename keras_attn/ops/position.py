@@ -15,14 +15,18 @@ import numpy as np
 from keras import ops
 
 from keras_attn._checks import check_bool, check_int, check_number
+from keras_attn.ops.rope import rope_inverse_frequencies
 
 
-def rope_inverse_frequencies(depth: int, max_wavelength: float = 10000.0,
-                             scaling_factor: float = 1.0):
-    """RoPE's float32 inverse frequencies `(d/2,)`: `max_wavelength^(-2i/d) / scaling_factor`
-    (linear position interpolation when `scaling_factor > 1`)."""
-    exponents = ops.arange(0, depth, 2, dtype="float32") / float(depth)  # (d/2,)
-    return ops.power(float(max_wavelength), -exponents) / float(scaling_factor)
+def scaled_inverse_frequencies(depth: int, max_wavelength: float = 10000.0,
+                               scaling_factor: float = 1.0):
+    """RoPE's float32 inverse frequencies `(d/2,)` as a tensor, keras-hub's parameters:
+    `max_wavelength^(-2i/d) / scaling_factor` (linear position interpolation when
+    `scaling_factor > 1`; `rope_inverse_frequencies`' `"linear"` type)."""
+    scaled = scaling_factor != 1
+    return ops.convert_to_tensor(rope_inverse_frequencies(
+        int(depth), max_wavelength, "linear" if scaled else "default",
+        factor=scaling_factor if scaled else None))
 
 
 def _axis(name: str, axis, rank: int) -> int:
@@ -101,7 +105,7 @@ def rotary_embedding(x, start_index=0, max_wavelength: float = 10000.0,
                 f"positions.shape={tuple(positions.shape)} for x.shape={tuple(x.shape)}, "
                 f"sequence_axis={sequence_axis}"
             )
-    inverse = (rope_inverse_frequencies(depth, max_wavelength, scaling_factor)
+    inverse = (scaled_inverse_frequencies(depth, max_wavelength, scaling_factor)
                if inverse_frequencies is None else ops.cast(inverse_frequencies, "float32"))
     angles = ops.expand_dims(positions, -1) * inverse  # (B | ., T, d/2)
     if seq_axis > feat_axis:
@@ -170,7 +174,7 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> list[float]:
     return power_of_two(closest) + power_of_two(2 * closest)[0::2][:num_heads - closest]
 
 
-class AlibiBias(PositionBias):
+class AlibiTileBias(PositionBias):
     """ALiBi: `slope_h · (j - p)` for key `j` and a query at position `p` (Press et al.,
     2022), with the head slopes of `alibi_slopes`. On the keys at or before the query this is
     the paper's `-slope_h · (p - j)`; past it the line continues (a causal mask removes those
@@ -228,7 +232,7 @@ def relative_position_bucket(relative_position, bidirectional: bool = True,
     return buckets + ops.where(is_small, distance, if_large)
 
 
-class RelativePositionBias(PositionBias):
+class RelativeTileBias(PositionBias):
     """T5's learned relative position bias: `table[bucket(j - p), h]` (Raffel et al., 2020).
 
     Args:

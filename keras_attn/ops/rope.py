@@ -1,4 +1,6 @@
-"""Rotary position embedding frequencies of pretrained checkpoints, in NumPy.
+"""Rotary position embedding frequencies, in NumPy: the one computation of `inv_freq` for
+`keras_attn.layers.RotaryEmbedding`, `keras_attn.ops.rotary_embedding` and pretrained
+checkpoints (`ArchitectureSpec.rope_inverse_frequencies`).
 
 A rotary head of size `d` rotates feature `i` with feature `i + d/2` (the "rotate half" layout
 of Hugging Face Llama, keras-hub and `keras_attn.layers.RotaryEmbedding`) by the angle
@@ -7,7 +9,7 @@ rotated queries and keys (transformers' `attention_scaling`, which multiplies co
 
 | `rope_type` | `inv_freq[i]`                                                                  |
 |-------------|--------------------------------------------------------------------------------|
-| `"default"` | `f = theta ** (-2i / d)`                                                       |
+| `"default"` | `f = max_wavelength ** (-2i / d)` (Hugging Face's `rope_theta`)                |
 | `"linear"`  | `f / factor` (positions interpolated by `factor`)                             |
 | `"llama3"`  | per wavelength `λ = 2π / f`: `f` when `λ < L / high_freq_factor`, `f / factor` |
 |             | when `λ > L / low_freq_factor`, else `(1 - s) f / factor + s f` with           |
@@ -32,6 +34,8 @@ import math
 
 import numpy as np
 
+from keras_attn._checks import warn_deprecated
+
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # YaRN's defaults (transformers: `beta_fast or 32`, `beta_slow or 1`).
@@ -43,17 +47,20 @@ def _default(head_dim: int, theta: float) -> np.ndarray:
     return 1.0 / (float(theta) ** exponents)
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float, rope_type: str = "default",
-                             factor: float | None = None, low_freq_factor: float | None = None,
+def rope_inverse_frequencies(head_dim: int, max_wavelength: float = 10000.0,
+                             rope_type: str = "default", factor: float | None = None,
+                             low_freq_factor: float | None = None,
                              high_freq_factor: float | None = None,
                              original_max_position_embeddings: int | None = None,
                              beta_fast: float | None = None, beta_slow: float | None = None,
-                             truncate: bool = True) -> np.ndarray:
+                             truncate: bool = True, **kwargs) -> np.ndarray:
     """The inverse frequencies of a rotary embedding, as Hugging Face computes them.
 
     Args:
         head_dim: int, even, the rotated size of a head.
-        theta: float > 0, the base (`rope_theta`, keras' `max_wavelength`).
+        max_wavelength: float > 0, the base (Keras' name; Hugging Face's `rope_theta`, the
+            `theta` of keras_attn 0.2's `keras_attn.checkpoints.rope_inverse_frequencies`).
+            Defaults to `10000.0`.
         rope_type: `"default"`, `"linear"`, `"llama3"` or `"yarn"`. Defaults to `"default"`.
         factor: float >= 1, the scaling factor (all but `"default"`). Defaults to `None`.
         low_freq_factor: float, `"llama3"` only. Defaults to `None`.
@@ -71,13 +78,22 @@ def rope_inverse_frequencies(head_dim: int, theta: float, rope_type: str = "defa
     Example:
     >>> rope_inverse_frequencies(4, 10000.0)  # array([1.  , 0.01], dtype=float32)
     """
+    if "theta" in kwargs:  # keras_attn 0.2's name
+        warn_deprecated("rope_inverse_frequencies: `theta` is `max_wavelength` (keras_attn "
+                        "0.3 names, see CHANGELOG.md).")
+        max_wavelength = kwargs.pop("theta")
+    if kwargs:
+        raise TypeError(f"rope_inverse_frequencies() got unexpected keyword arguments "
+                        f"{sorted(kwargs)}")
+    theta = max_wavelength
     if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or (
             head_dim < 2 or head_dim % 2):
         raise ValueError("Received an invalid value for argument `head_dim`, expected an even "
                          f"integer >= 2. Received: head_dim={head_dim!r}")
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
-        raise ValueError("Received an invalid value for argument `theta`, expected a number "
-                         f"> 0. Received: theta={theta!r}")
+    if not isinstance(theta, (int, float, np.floating, np.integer)) or isinstance(
+            theta, bool) or not theta > 0:
+        raise ValueError("Received an invalid value for argument `max_wavelength`, expected a "
+                         f"number > 0. Received: max_wavelength={theta!r}")
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"Received an invalid value for argument `rope_type`, expected one of "
                          f"{ROPE_TYPES}. Received: rope_type={rope_type!r}")
