@@ -15,6 +15,27 @@ The pieces follow TensorFlow's multi-worker Keras guide
   temporary directory that is deleted at once.
 - `is_chief(strategy)`: whether this process writes metrics, plots and exports.
 
+Why `multi_worker_strategy()` patches Keras' private trainer: Keras 3's `fit` on the
+TensorFlow backend does not train on several `MultiWorkerMirroredStrategy` workers as one
+machine would, in three places (each still so on Keras 3.15.1, checked by removing the fix and
+running tests/test_distribute.py's two workers against one process, clipnorm 1.0):
+
+- before the first step it averages a nested input batch across workers with one
+  `strategy.reduce` call, which fails ("Attempt to convert a value (PerReplica ...) with an
+  unsupported type"), and reading that batch shifts every epoch's shuffling by one;
+- after each step it averages the scalar logs across workers along axis 0, which fails
+  ("Invalid reduction dimension 0 for input with 0 dimensions");
+- with several replicas, the optimizer clips each replica's gradient before they are summed,
+  so `clipnorm` bounds partial gradients: the weights end 4.6e-4 away from one process's after
+  4 steps (within 2e-6 with the fix).
+
+`keras.distribution` (JAX) has none of this: it is the way to shard a model's weights
+(`keras_attn.models.get_layout_map`). The patch replaces private functions, so it is applied
+only to the Keras code it was checked on: `PATCHED_KERAS_SOURCES` fingerprints each function
+it wraps or relies on; on a Keras whose code differs, `multi_worker_strategy()` raises instead
+of training with fixes that may no longer fit (and a test fails, so that they are checked
+again).
+
 Example (the same script runs on every worker, with its own `TF_CONFIG`):
 >>> strategy = distribute.multi_worker_strategy()
 >>> with strategy.scope():
@@ -27,6 +48,10 @@ Example (the same script runs on every worker, with its own `TF_CONFIG`):
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib
+import inspect
 import json
 import os
 import shutil
@@ -37,7 +62,9 @@ import keras
 import tensorflow as tf
 
 __all__ = [
+    "PATCHED_KERAS_SOURCES",
     "WorkerBackupAndRestore",
+    "changed_keras_internals",
     "is_chief",
     "multi_worker_strategy",
     "parse_tf_config",
@@ -111,6 +138,45 @@ def _gradients_not_summed_yet() -> bool:
     )
 
 
+# What `patch_keras_for_multi_worker` assumes of Keras' private code: every function it wraps,
+# or whose order of calls it relies on (`apply` clips, then `_backend_update_step` all-reduces;
+# `_symbolic_build` takes specs), with the first 16 hex digits of the SHA-256 of its source in
+# Keras 3.15.1, where each fix was checked and found still needed.
+PATCHED_KERAS_SOURCES = {
+    "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build":
+        "92a504f5eba9b29f",
+    "keras.src.trainers.trainer:Trainer._symbolic_build": "96220cc3b88fe768",
+    "keras.src.backend.tensorflow.trainer:reduce_per_replica": "2e7d54b1e6edc29a",
+    "keras.src.optimizers.base_optimizer:BaseOptimizer.apply": "43097be63b919d03",
+    "keras.src.optimizers.base_optimizer:BaseOptimizer._clip_gradients": "152b956e23c91ad9",
+    "keras.src.backend.tensorflow.optimizer:TFOptimizer._backend_update_step":
+        "00bd759c099a6b72",
+    "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients":
+        "953512efa56c9680",
+}
+
+
+def _source_digest(name: str) -> str | None:
+    """The fingerprint of Keras' own function `module:qualname` (through the patch's wrappers),
+    None when this Keras lacks it or its source."""
+    module_name, qualname = name.split(":")
+    try:
+        function = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            function = getattr(function, part)
+        source = inspect.getsource(inspect.unwrap(function))
+    except (ImportError, AttributeError, OSError, TypeError):
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def changed_keras_internals() -> list[str]:
+    """The functions of `PATCHED_KERAS_SOURCES` that this Keras lacks or has changed: empty
+    when `patch_keras_for_multi_worker` may patch it."""
+    return [name for name, digest in PATCHED_KERAS_SOURCES.items()
+            if _source_digest(name) != digest]
+
+
 def patch_keras_for_multi_worker() -> None:
     """Makes Keras 3's `fit` under `tf.distribute` train as one machine would, on several workers.
 
@@ -131,10 +197,21 @@ def patch_keras_for_multi_worker() -> None:
       is applied to partial gradients; the patch clips the summed gradient, as on one machine.
 
     Everything else goes to Keras' own code. Idempotent; `multi_worker_strategy()` calls it.
+    Applied only to the Keras code it was checked on (`PATCHED_KERAS_SOURCES`).
 
     Raises:
-        RuntimeError: if this Keras lacks the internals patched here.
+        RuntimeError: if this Keras lacks or has changed a function the patch wraps or relies
+            on (`changed_keras_internals()`), so that the fixes may no longer fit it.
     """
+    changed = changed_keras_internals()
+    if changed:
+        raise RuntimeError(
+            "keras_attn.distribute fixes Keras' multi-worker `fit` by replacing private "
+            "functions, checked on Keras 3.15.1; this Keras "
+            f"({keras.__version__}) lacks or has changed {changed}, so the fixes may no longer "
+            "fit it. Train on several workers with Keras 3.15, or with a keras_attn checked "
+            "against this Keras."
+        )
     from keras.src import tree
     from keras.src.backend.tensorflow import optimizer as tf_optimizer
     from keras.src.backend.tensorflow import trainer as tf_trainer
@@ -142,19 +219,12 @@ def patch_keras_for_multi_worker() -> None:
     if getattr(tf_trainer, "_keras_attn_multi_worker_patch", False):
         return
     trainer, optimizer = tf_trainer.TensorFlowTrainer, tf_optimizer.TFOptimizer
-    needed = [(trainer, "_maybe_symbolic_build"), (tf_trainer, "reduce_per_replica"),
-              (optimizer, "_clip_gradients"), (optimizer, "_all_reduce_sum_gradients")]
-    missing = [name for owner, name in needed if not hasattr(owner, name)]
-    if missing:
-        raise RuntimeError(
-            f"keras_attn.distribute cannot patch Keras {keras.__version__} for multi-worker "
-            f"training (checked on Keras 3.15): missing {missing}"
-        )
     original_build = trainer._maybe_symbolic_build
     original_reduce = tf_trainer.reduce_per_replica
     original_clip = optimizer._clip_gradients
     original_all_reduce = optimizer._all_reduce_sum_gradients
 
+    @functools.wraps(original_build)
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy
         if iterator is None or strategy is None or not _is_multi_worker(strategy):
@@ -162,6 +232,7 @@ def patch_keras_for_multi_worker() -> None:
         spec = iterator.data_adapter.get_tf_dataset().element_spec
         return original_build(self, data_batch=spec)
 
+    @functools.wraps(original_reduce)
     def reduce_per_replica(values, strategy, reduction):
         if reduction not in ("auto", "mean") or not _is_multi_worker(strategy):
             return original_reduce(values, strategy, reduction)
@@ -174,11 +245,13 @@ def patch_keras_for_multi_worker() -> None:
 
         return tree.map_structure(reduce, values)
 
+    @functools.wraps(original_clip)
     def _clip_gradients(self, grads):
         if _gradients_not_summed_yet():
             return grads  # clipped in `_all_reduce_sum_gradients`, once summed
         return original_clip(self, grads)
 
+    @functools.wraps(original_all_reduce)
     def _all_reduce_sum_gradients(self, grads_and_vars):
         pairs = original_all_reduce(self, grads_and_vars)
         if not _gradients_not_summed_yet():

@@ -24,6 +24,7 @@ import time
 import keras
 import numpy as np
 import pytest
+from backend_utils import run_once
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "distribute_worker.py"
@@ -334,6 +335,32 @@ def test_example_multi_worker_needs_tf_config(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@tf_only
+def test_keras_has_the_code_the_multi_worker_patch_was_checked_on():
+    """Fails when Keras changes a private function `patch_keras_for_multi_worker` wraps or
+    relies on. Then check each fix against the new code (the two-worker tests above, with and
+    without it), and update `PATCHED_KERAS_SOURCES` or drop the fixes Keras made needless."""
+    from keras_attn import distribute
+
+    assert distribute.changed_keras_internals() == []
+
+
+@tf_only
+def test_the_patch_refuses_keras_code_it_was_not_checked_on(monkeypatch):
+    from keras.src.backend.tensorflow import trainer
+
+    from keras_attn import distribute
+
+    changed, gone = ("keras.src.backend.tensorflow.trainer:reduce_per_replica",
+                     "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.gone")
+    monkeypatch.setitem(distribute.PATCHED_KERAS_SOURCES, changed, "0" * 16)
+    monkeypatch.setitem(distribute.PATCHED_KERAS_SOURCES, gone, "0" * 16)
+    assert distribute.changed_keras_internals() == [changed, gone]
+    with pytest.raises(RuntimeError, match="has changed .*reduce_per_replica.*gone"):
+        distribute.patch_keras_for_multi_worker()
+    assert not hasattr(trainer.reduce_per_replica, "__wrapped__")  # nothing was patched
+
+
 LIBRARY_LOSS_ON_TWO_REPLICAS = """
 import numpy as np, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
@@ -422,6 +449,7 @@ print(json.dumps(report))
 """
 
 
+@run_once
 def test_jax_data_and_model_parallel_train_as_one_device(tmp_path):
     """A small causal LM (Embedding + causal MultiHead + FFN + Dense head) with `model.fit` on
     two JAX CPU devices, split by batch (DataParallel) and by heads (ModelParallel with a

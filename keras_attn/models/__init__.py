@@ -11,7 +11,8 @@ named "encoder" and "decoder"; `causal_lm` returns `keras.Model(token_ids, logit
 "decoder" that `generate` decodes; the non-autoregressive `nat_seq2seq` returns
 `keras.Model([source_ids, masked_target_ids], [token_logits, length_logits])`, which
 `keras_attn.decoding.mask_predict` decodes. `enable_lora(model, rank)` freezes a model and
-adapts its attention projections (LoRA).
+adapts its attention projections (LoRA). `get_layout_map(device_mesh)` places every model's
+weights on a `keras.distribution` device mesh (Megatron-style model parallelism).
 """
 
 from keras_attn.models.bahdanau import (
@@ -22,6 +23,7 @@ from keras_attn.models.bahdanau import (
 from keras_attn.models.causal_lm import causal_lm
 from keras_attn.models.cmlm import CMLMDecoder, LengthPredictor
 from keras_attn.models.decoder_only import TransformerDecoderOnly
+from keras_attn.models.layout import get_layout_map
 from keras_attn.models.lora import enable_lora
 from keras_attn.models.nat import compile_cmlm, initialize_from_seq2seq, nat_seq2seq
 from keras_attn.models.transformer import (
@@ -56,6 +58,7 @@ __all__ = [
     "causal_lm",
     "compile_cmlm",
     "enable_lora",
+    "get_layout_map",
     "initialize_from_seq2seq",
     "nat_seq2seq",
     "transformer_seq2seq",
