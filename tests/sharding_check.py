@@ -50,16 +50,17 @@ CONFIGS = {  # Hugging Face config.json contents
     "bert": {**BERT, "architectures": ["BertModel"]},
     "bert_mlm": {**BERT, "architectures": ["BertForMaskedLM"]},
 }
-SIZES = {"num_layers": 1, "embed_dim": 16, "num_heads": 4, "ffn_dim": 32, "dropout": 0.0}
+SIZES = {"num_layers": 1, "hidden_dim": 16, "num_heads": 4, "intermediate_dim": 32,
+         "dropout": 0.0}
 BUILDERS = {
     "causal_lm": lambda: models.causal_lm(64, num_key_value_heads=2, **{**SIZES,
                                                                         "num_layers": 2}),
     "causal_lm_gpt2_style": lambda: models.causal_lm(
-        64, position_encoding="learned", max_length=T, norm="layer", activation="gelu_tanh",
-        tie_embeddings=True, **SIZES),
+        64, position_encoding="learned", max_sequence_length=T, norm="layer",
+        activation="gelu_tanh", tie_word_embeddings=True, **SIZES),
     "transformer_seq2seq": lambda: models.transformer_seq2seq(48, 64, **SIZES),
     "nat_seq2seq": lambda: models.nat_seq2seq(48, 64, max_target_length=T - 1, **SIZES),
-    "bahdanau_seq2seq": lambda: models.bahdanau_seq2seq(48, 64, embed_dim=8, units=16,
+    "bahdanau_seq2seq": lambda: models.bahdanau_seq2seq(48, 64, embedding_dim=8, units=16,
                                                         num_layers=1, dropout=0.0),
     "causal_lm_lora": lambda: lora(models.causal_lm(64, **SIZES)),
 }

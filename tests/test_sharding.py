@@ -67,9 +67,9 @@ def expected_shard(path: str, shape: list[int]) -> list[int]:
     split by feature), written independently of the layout map's patterns."""
     b, m = MESH["batch"], MESH["model"]
     if path.endswith(COLUMN):
-        return [shape[0] // b, shape[1] // m]  # (d, heads · head_dim | ffn_dim)
+        return [shape[0] // b, shape[1] // m]  # (d, heads · head_dim | intermediate_dim)
     if path.endswith(ROW):
-        return [shape[0] // m, shape[1] // b]  # (heads · head_dim | ffn_dim, d)
+        return [shape[0] // m, shape[1] // b]  # (heads · head_dim | intermediate_dim, d)
     if path.endswith(tuple(p.replace("kernel", "bias") for p in COLUMN)):
         return [shape[0] // m]
     if path.endswith(("token_embedding/embeddings", "encoder/embedding/embeddings",

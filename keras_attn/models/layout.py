@@ -21,7 +21,7 @@ whose data-parallel axis has one device that is plain Megatron).
 The token embedding and the output projection are split by feature (the model width `d`),
 not by vocabulary as keras-hub's Llama and Gemma maps do: JAX refuses a split that does not
 divide a dimension, and real vocabularies often do not divide (GPT-2's 50257, BERT's 30522,
-a CMLM decoder's `vocab_size + 1` with its `<mask>` token), where `d` usually does on a mesh
+a CMLM decoder's `vocabulary_size + 1` with its `<mask>` token), where `d` usually does on a mesh
 that divides the heads. The price: each device computes the whole `(batch, seq_len, vocab)`
 logits of its batch slice (partial sums over its features, all-reduced). Everything else
 (norms, position tables, biases of row-parallel or vocabulary-sized layers, the GRUs'
@@ -43,8 +43,8 @@ def _rules(model: str, data: str | None) -> dict[str, tuple]:
     rules = {_ANY + r"(?:token_)?embedding/embeddings": (None, model)}
     # Megatron's pairs: the attention's query/key/value projections (d, heads · head_dim),
     # whole heads per device (also Bahdanau's query/key, by hidden unit), then its output
-    # projection (heads · head_dim, d); the FFN's hidden and gate (d, ffn_dim), then its output
-    # (ffn_dim, d). The first are split by output (column-parallel) with their biases, the
+    # projection (heads · head_dim, d); the FFN's hidden and gate (d, intermediate_dim), then its output
+    # (intermediate_dim, d). The first are split by output (column-parallel) with their biases, the
     # second by input (row-parallel: partial sums all-reduced); LoRA's factors A (d_in, r) and
     # B (r, d_out) follow their kernel.
     for owner, first, second in ((_ATTENTION, "(?:query|key|value)", "output"),
@@ -79,8 +79,8 @@ def get_layout_map(device_mesh: keras.distribution.DeviceMesh,
     | `*attention/{query,key,value}_dense/kernel` `(d, heads · head_dim)` | `(batch, model)` |
     | their biases | `(model,)` |
     | `*attention/output_dense/kernel` `(heads · head_dim, d)` | `(model, batch)` |
-    | `ffn/{hidden,gate}_dense/kernel` `(d, ffn_dim)`, biases | `(batch, model)`, `(model,)` |
-    | `ffn/output_dense/kernel` `(ffn_dim, d)` | `(model, batch)` |
+    | `ffn/{hidden,gate}_dense/kernel` `(d, intermediate_dim)`, biases | `(batch, model)`, `(model,)` |
+    | `ffn/output_dense/kernel` `(intermediate_dim, d)` | `(model, batch)` |
     | `head/output_dense/kernel` `(d, vocab)` | `(model, None)` |
     | Bahdanau: `embedding`, attention `query/key_dense`, `score_dense` `(units, 1)`, `decoder/output_dense` | as above; `(model, None)` |
     | LoRA factors: B of a column-parallel kernel, A of a row-parallel one | split like it |
@@ -88,7 +88,7 @@ def get_layout_map(device_mesh: keras.distribution.DeviceMesh,
 
     Every split dimension must be divisible by the size of its mesh axis (JAX refuses the
     variable otherwise, with an `IndivisibleError` that gives its shape): on a `(2, 4)` mesh,
-    `d`, `heads · head_dim`, `num_key_value_heads · head_dim` and `ffn_dim` by 4 and by 2; the
+    `d`, `heads · head_dim`, `num_key_value_heads · head_dim` and `intermediate_dim` by 4 and by 2; the
     vocabulary is never split. For whole heads per device, choose a model-parallel size that
     divides the number of key/value heads.
 
@@ -118,8 +118,8 @@ def get_layout_map(device_mesh: keras.distribution.DeviceMesh,
     distribution = keras.distribution.ModelParallel(layout_map=layout_map,
                                                     batch_dim_name="batch")
     with distribution.scope():
-        model = keras_attn.models.causal_lm(1024, num_layers=2, embed_dim=64, num_heads=4,
-                                            ffn_dim=256)
+        model = keras_attn.models.causal_lm(1024, num_layers=2, hidden_dim=64, num_heads=4,
+                                            intermediate_dim=256)
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(x, y, batch_size=8)
     kernel = model.get_layer("decoder").blocks[0].ffn.hidden_dense.kernel
