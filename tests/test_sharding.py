@@ -26,7 +26,7 @@ import pytest
 from backend_utils import run_once
 from sharding_check import MODELS
 
-from keras_attn import models
+from keras_attn import layers, models
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CHECK = REPO / "tests" / "sharding_check.py"
@@ -181,7 +181,9 @@ def test_the_layout_follows_the_parts_under_any_name():
     """A stack named by its user, inside a model of another name, with LoRA, on a mesh of
     other axis names, weights split over the model axis only (`data_parallel_dim_name=None`)."""
     inputs = keras.Input((None,), dtype="int32")
-    stack = models.TransformerDecoderOnly(64, 1, 16, 4, 32, name="my_lm")
+    block = layers.BlockConfig(layers.AttentionConfig(4, position_encoding="rope"), 32,
+                                  activation="swiglu", norm="rms", normalize_first=True)
+    stack = models.TransformerDecoderOnly(64, 1, 16, block, name="my_lm")
     model = keras.Model(inputs, stack(inputs), name="outer")
     models.enable_lora(model, 2, ("query", "output", "hidden"))
     mesh = fake_mesh((4, 2), ("data", "tensor"))

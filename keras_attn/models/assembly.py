@@ -161,9 +161,12 @@ class _Stack(QuantizedSublayers, keras.layers.Layer):
                     f"{type(self).__name__}: give the blocks' options in `block` only, not "
                     "also as arguments of keras_attn 0.2.")
             block = legacy_given
-        if block is None:
-            raise ValueError("Argument `block` is required: a BlockConfig (attention, FFN, "
-                             "norms, dropout). Received: block=None")
+        if block is None or isinstance(block, int):
+            raise ValueError(
+                "Argument `block` is required: a BlockConfig (attention, FFN, norms, dropout), "
+                "the fourth argument (keras_attn 0.2's fourth was `num_heads`: give "
+                "`block=BlockConfig(AttentionConfig(num_heads), intermediate_dim, ...)`, or "
+                f"keywords). Received: block={block!r}")
         for name, value in (("vocabulary_size", vocabulary_size), ("num_layers", num_layers),
                             ("hidden_dim", hidden_dim)):
             check_int(name, value, 1)
