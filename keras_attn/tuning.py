@@ -120,6 +120,68 @@ def configure(**switches: Any):
     return _restoring(previous)
 
 
+# ---- the kernel `implementation="auto"` runs -------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class AutoKernel:
+    """One row of `AUTO_KERNELS`: on `backend` and `device`, `"auto"` runs `kernel`, chosen by
+    the measurement `measured` (the command and what it printed) or, where nothing was measured
+    yet, on the hypothesis it states."""
+
+    backend: str
+    device: str
+    kernel: str
+    measured: str
+
+
+AUTO_KERNELS = (
+    AutoKernel("tensorflow", "cpu", "dense", "TO BE MEASURED"),
+    AutoKernel("jax", "cpu", "fused", "TO BE MEASURED"),
+    AutoKernel("torch", "cpu", "fused", "TO BE MEASURED"),
+    AutoKernel("jax", "gpu", "fused",
+               "not measured yet (a hypothesis: cuDNN's fused kernel, as Keras' own layer "
+               "takes it there); `bash benchmarks/gpu_check.sh WHEEL_DIR` measures it"),
+    AutoKernel("torch", "gpu", "fused",
+               "not measured yet (a hypothesis: SDPA's flash and memory-efficient kernels, as "
+               "Keras' own layer takes them there); `bash benchmarks/gpu_check.sh WHEEL_DIR`"),
+)
+
+
+def device_kind(x: Any = None) -> str:
+    """`"cpu"`, `"gpu"` or `"tpu"`: where tensor `x` lives under torch, else where the backend
+    computes by default."""
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        kind = getattr(getattr(x, "device", None), "type", None)
+        if kind in (None, "meta"):  # symbolic: the device Keras would put it on
+            kind = "cuda" if torch.cuda.is_available() else "cpu"
+        return {"cuda": "gpu", "xla": "tpu"}.get(kind, kind)
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.config.list_logical_devices("TPU"):
+            return "tpu"
+        return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    return "cpu"
+
+
+def auto_kernel(x: Any = None) -> str:
+    """The kernel `implementation="auto"` runs on this backend and `x`'s device (`x` a
+    tensor, or None for the default device): `AUTO_KERNELS`' row, `"dense"` where there is
+    none."""
+    backend, device = keras.backend.backend(), device_kind(x)
+    for row in AUTO_KERNELS:
+        if (row.backend, row.device) == (backend, device):
+            return row.kernel
+    return "dense"
+
+
 # ---- loops and block sizes -----------------------------------------------------------------
 
 def fori_loop(upper, body, init):

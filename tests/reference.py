@@ -104,9 +104,11 @@ def _prepare(q, k, v, mask, bias, scale):
     return q, k, v, mask, bias, float(scale)
 
 
-def _attention_weights(q, k, mask, bias, scale):
+def _attention_weights(q, k, mask, bias, scale, soft_cap=None):
     with np.errstate(invalid="ignore", over="ignore"):
         scores = scale * (q @ np.swapaxes(k, -1, -2))
+        if soft_cap is not None:
+            scores = soft_cap * np.tanh(scores / soft_cap)
     if bias is not None:
         scores = scores + bias
     scores = np.where(mask, scores, -np.inf)  # masked entries replaced before exp
@@ -122,8 +124,9 @@ def _attention_weights(q, k, mask, bias, scale):
 # ---------------------------------------------------------------------------------------
 
 
-def attention(q, k, v, mask=None, bias=None, scale=None):
-    """Scaled dot-product attention, softmax(scale * q k^T + bias) v, with a boolean mask.
+def attention(q, k, v, mask=None, bias=None, scale=None, soft_cap=None):
+    """Scaled dot-product attention, softmax(scale * q k^T + bias) v, with a boolean mask;
+    with ``soft_cap`` c, softmax(c * tanh(scale * q k^T / c) + bias) v (Gemma's soft-capping).
 
     Args:
         q: ``(..., T, d)``; k: ``(..., S, d)``; v: ``(..., S, dv)``. Leading axes
@@ -139,17 +142,20 @@ def attention(q, k, v, mask=None, bias=None, scale=None):
         even where ``k``/``v`` are NaN or inf.
     """
     q, k, v, mask, bias, scale = _prepare(q, k, v, mask, bias, scale)
-    weights = _attention_weights(q, k, mask, bias, scale)
+    weights = _attention_weights(q, k, mask, bias, scale, soft_cap)
     return _masked_matmul(weights, v, mask), weights
 
 
-def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None):
+def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None, soft_cap=None):
     """Analytic gradients of ``sum(attention(q, k, v, mask, bias, scale)[0] * d_out)``.
 
     With P the weights and dO = ``d_out`` ``(..., T, dv)``::
 
         dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dP * P)),
-        dQ = scale * dS K,   dK = scale * dS^T Q,   dbias = dS.
+        dQ = scale * dS K,   dK = scale * dS^T Q,   dbias = dS,
+
+    and with ``soft_cap`` c, dS is first multiplied by ``1 - tanh(scale * q k^T / c)^2``
+    for dQ and dK (not for dbias, added after the cap).
 
     Each gradient is summed over broadcast axes back to its input's shape. Returns
     ``(dq, dk, dv, dbias)``; with ``bias=None``, dbias is dS at the full score shape
@@ -159,14 +165,19 @@ def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None):
     """
     q, k, v, mask, bias, scale = _prepare(q, k, v, mask, bias, scale)
     d_out = _f64(d_out)
-    p = _attention_weights(q, k, mask, bias, scale)
+    p = _attention_weights(q, k, mask, bias, scale, soft_cap)
     with np.errstate(invalid="ignore", over="ignore"):
         dp = np.where(mask, d_out @ np.swapaxes(v, -1, -2), 0.0)
     ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    ds_raw = ds
+    if soft_cap is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            ds_raw = ds * (1.0 - np.tanh(scale * (q @ np.swapaxes(k, -1, -2)) / soft_cap) ** 2)
+        ds_raw = np.where(mask, ds_raw, 0.0)
     mask_t = np.swapaxes(mask, -1, -2)  # (..., S, T): the same entries, summed over T
     dv = _masked_matmul(np.swapaxes(p, -1, -2), d_out, mask_t)
-    dq = scale * _masked_matmul(ds, k, mask)
-    dk = scale * _masked_matmul(np.swapaxes(ds, -1, -2), q, mask_t)
+    dq = scale * _masked_matmul(ds_raw, k, mask)
+    dk = scale * _masked_matmul(np.swapaxes(ds_raw, -1, -2), q, mask_t)
     dbias = ds if bias is None else sum_to_shape(ds, bias.shape)
     return (
         sum_to_shape(dq, q.shape),

@@ -68,10 +68,13 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             its own copy (`sublayer_initializer`). Defaults to `"glorot_uniform"`.
         bias_initializer: initializer of the projection biases. Defaults to `"zeros"`.
         seed: optional int seed for the dropout. Defaults to `None`.
-        implementation: `"dense"`, `"chunked"` (exact attention blockwise over keys, memory
-            `T · chunk_size`; no dropout in training, no returned weights) or, with
-            `sliding_window`, `"local"` (O(T · window); calls it cannot take run the dense
-            kernel, see `keras_attn.ops.kernel_for`). Defaults to `"dense"`.
+        implementation: `"dense"`, `"fused"` (the backend's fused op: torch's SDPA, JAX's
+            `dot_product_attention`, Keras' op on TensorFlow), `"auto"` (the kernel measured
+            fastest on this backend and device), `"chunked"` (exact attention blockwise over
+            keys, memory `T · chunk_size`; no dropout in training, no returned weights) or,
+            with `sliding_window`, `"local"` (O(T · window)); calls that `"fused"` or
+            `"local"` cannot compute run the dense kernel, see `keras_attn.ops.kernel_for`.
+            Defaults to `"dense"`.
         chunk_size: optional int, keys per block for `implementation="chunked"`; `None` sizes
             blocks by `keras_attn.tuning`. Defaults to `None`.
         num_key_value_heads: optional int dividing `num_heads`: grouped-query attention, each
@@ -98,6 +101,11 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             features. Defaults to `None`.
         kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint: of every
             projection. Default to `None`.
+        flash_attention: None, True or False, as `keras.layers.MultiHeadAttention` takes it:
+            with `implementation="fused"` or `"auto"`, None lets the backend choose its
+            kernel, True asks for a flash kernel (a ValueError where the backend, the device
+            or the call cannot have one; never with dropout), False for none. Defaults to
+            `None`.
 
     Call arguments:
         query: `(B, T, dq)`, or `(B, d_1, ..., d_n, dq)` with `attention_axes`.
@@ -140,7 +148,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
     """
 
-    implementations = ("dense", "chunked")
+    implementations = ("dense", "chunked", "fused", "auto")
 
     def __init__(
         self,
@@ -167,6 +175,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         bias_regularizer=None,
         kernel_constraint=None,
         bias_constraint=None,
+        flash_attention: bool | None = None,
         **kwargs,
     ):
         super().__init__(dropout=dropout, seed=seed, **kwargs)
@@ -208,6 +217,15 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
                 f"implementation={implementation!r}, dropout={dropout!r}"
             )
         self.implementation = implementation
+        if flash_attention is not None:
+            check_bool("flash_attention", flash_attention)
+        if flash_attention and (implementation not in ("fused", "auto") or dropout > 0):
+            raise ValueError(
+                "Argument `flash_attention=True` needs implementation=\"fused\" or \"auto\" "
+                "and no dropout on the weights (as Keras' MultiHeadAttention). Received: "
+                f"implementation={implementation!r}, dropout={dropout!r}"
+            )
+        self.flash_attention = flash_attention
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
@@ -325,6 +343,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             seed=self.seed_generator, implementation=self.implementation,
             chunk_size=self.chunk_size, bias=attention_bias,
             position_bias=self._position_bias(), return_weights=bool(return_attention_scores),
+            flash_attention=self.flash_attention,
         )  # (B, H, T, dv), (B, H, T, S) or None
         results = (self._combine_heads(context, query),)
         if cache is not None:
@@ -446,6 +465,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
             "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
             "bias_constraint": keras.constraints.serialize(self.bias_constraint),
+            "flash_attention": self.flash_attention,
             "dtype": self.dtype_config(),
         })
         return config
