@@ -23,18 +23,7 @@ from keras_attn.ops import AttentionMask, dispatch
 from keras_attn.ops.kernels import fused
 
 B, T, S, D = 2, 5, 7, 4
-MASKS = {
-    "none": {},
-    "lengths": {"valid_lens": [7, 3]},
-    "lengths_per_query": {"valid_lens": [[1, 2, 3, 7, 0], [7, 6, 5, 4, 3]]},
-    "causal_cache_offset": {"use_causal_mask": True, "causal_offset": 2},
-    "window": {"window": 1, "causal_offset": 1},
-    "window_global": {"window": 1, "num_global": 1},
-    "dense": {"attention_mask": np.random.default_rng(3).random((B, T, S)) < 0.6},
-    "key_padding": {"key_mask": [[1, 1, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0, 0]]},
-    "query_padding": {"query_mask": [[1, 1, 1, 0, 1], [0, 1, 1, 1, 1]]},
-    "empty_rows": {"valid_lens": [0, 4], "use_causal_mask": True},
-}
+MASKS = ref.mask_kinds(B, T, S)
 # Machine epsilon: one unit of rounding in each dtype.
 EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
 
@@ -51,41 +40,6 @@ def fused_calls(monkeypatch):
 
     monkeypatch.setattr(dispatch, "fused_attention", counted)
     return calls
-
-
-def _spec(build, query_len=T, key_len=S):
-    """`ref.combined_mask`'s arguments for an `AttentionMask.build` dict."""
-    spec = {}
-    names = {"valid_lens": "lens", "use_causal_mask": "causal", "causal_offset": "offset",
-             "window": "window", "num_global": "num_global", "attention_mask": "dense",
-             "key_mask": "key_valid", "query_mask": "query_valid"}
-    for name, value in build.items():
-        value = np.asarray(value)
-        spec[names[name]] = value.astype(bool) if name.endswith("_mask") else value
-    if "window" in build:
-        spec.setdefault("offset", 0)
-    return ref.combined_mask(B, query_len, key_len, **spec)  # (B, T, S)
-
-
-def reference(q, k, v, allowed, bias=None, d_out=None, soft_cap=None):
-    """Outputs and gradients `(dq, dk, dv, dbias)` of `(B, H, T, d)` queries against
-    `(B, H_kv, S, d)` keys: the heads grouped as `(B, H_kv, G, ·, ·)` for the reference."""
-    heads, kv_heads = q.shape[1], k.shape[1]
-    grouped = q.reshape((q.shape[0], kv_heads, heads // kv_heads) + q.shape[2:])
-    mask = allowed[:, None, None]
-    group_bias = None if bias is None else bias.reshape(
-        bias.shape[:1] + (kv_heads, heads // kv_heads) + bias.shape[2:])
-    args = (grouped, k[:, :, None], v[:, :, None])
-    out = ref.attention(*args, mask, group_bias, soft_cap=soft_cap)[0].reshape(
-        q.shape[:-1] + v.shape[-1:])
-    if d_out is None:
-        return out, None
-    dq, dk, dv, dbias = ref.attention_grads(*args, d_out.reshape(grouped.shape[:-1] + (-1,)),
-                                            mask, group_bias, soft_cap=soft_cap)
-    grads = [dq.reshape(q.shape), dk[:, :, 0], dv[:, :, 0]]
-    if bias is not None:
-        grads.append(dbias.reshape(bias.shape))
-    return out, grads
 
 
 def run(q, k, v, build, implementation, bias=None, dtype="float32", d_out=None, **options):
@@ -125,7 +79,8 @@ def test_fused_kernel_equals_the_reference_for_every_mask(mask, kv_heads, fused_
     q, k, v, d_out = _inputs(4, kv_heads)
     out, grads = run(q, k, v, MASKS[mask], "fused", d_out=d_out)
     assert fused_calls, "the fused kernel did not run"
-    want, want_grads = reference(q, k, v, _spec(MASKS[mask]), d_out=d_out)
+    allowed = ref.mask_of(MASKS[mask], B, T, S)
+    want, want_grads = ref.grouped_attention(q, k, v, allowed, d_out=d_out)
     np.testing.assert_allclose(out, want, atol=2e-5)
     for name, got, expected in zip(("dq", "dk", "dv"), grads, want_grads):
         np.testing.assert_allclose(got, expected, atol=5e-5, err_msg=name)
@@ -136,9 +91,10 @@ def test_fused_kernel_takes_a_causal_mask_as_the_ops_is_causal(fused_calls):
     q, k, v, d_out = _inputs(4, 2, query_len=S)
     build = {"use_causal_mask": True}
     mask = AttentionMask.build(S, S, B, **build)
-    assert fused._causal_only(mask, keras.ops.ones((B, 4, S, D)), keras.ops.ones((B, 2, S, D)))
+    assert fused.causal_only(mask, keras.ops.ones((B, 4, S, D)), keras.ops.ones((B, 2, S, D)))
     out, grads = run(q, k, v, build, "fused", d_out=d_out)
-    want, want_grads = reference(q, k, v, _spec(build, S, S), d_out=d_out)
+    allowed = ref.mask_of(build, B, S, S)
+    want, want_grads = ref.grouped_attention(q, k, v, allowed, d_out=d_out)
     np.testing.assert_allclose(out, want, atol=2e-5)
     for got, expected in zip(grads, want_grads):
         np.testing.assert_allclose(got, expected, atol=5e-5)
@@ -152,7 +108,8 @@ def test_fused_kernel_adds_a_bias_and_differentiates_it(bias_shape, fused_calls)
     build = MASKS["lengths"]
     out, grads = run(q, k, v, build, "fused", bias=bias, d_out=d_out)
     full = np.broadcast_to(bias, (B, 4, T, S))
-    want, want_grads = reference(q, k, v, _spec(build), full, d_out)
+    allowed = ref.mask_of(build, B, T, S)
+    want, want_grads = ref.grouped_attention(q, k, v, allowed, full, d_out)
     np.testing.assert_allclose(out, want, atol=2e-5)
     want_grads[3] = ref.sum_to_shape(want_grads[3], bias_shape)
     for name, got, expected in zip(("dq", "dk", "dv", "dbias"), grads, want_grads):
@@ -181,7 +138,8 @@ def test_fused_kernel_is_as_accurate_as_the_dense_kernel_in_16_bits(dtype, mask)
     q, k, v, d_out = _inputs(4, 2, scale=3.0)
     bias = np.random.default_rng(4).normal(size=(1, 4, T, S)).astype("float32")
     q16, k16, v16 = (to_np(keras.ops.cast(x, dtype)) for x in (q, k, v))
-    want, want_grads = reference(q16, k16, v16, _spec(MASKS[mask]), bias, d_out)
+    allowed = ref.mask_of(MASKS[mask], B, T, S)
+    want, want_grads = ref.grouped_attention(q16, k16, v16, allowed, bias, d_out)
     results = {impl: run(q, k, v, MASKS[mask], impl, bias, dtype, d_out)
                for impl in ("dense", "fused")}
     for i, name in enumerate(("outputs", "dq", "dk", "dv", "dbias")):
@@ -299,7 +257,8 @@ def test_soft_cap_equals_the_reference(soft_cap, kernel):
         return out
 
     out, grads = value_and_grads(fn, [q, k, v, bias], d_out)
-    want, want_grads = reference(q, k, v, _spec(build), bias, d_out, soft_cap)
+    allowed = ref.mask_of(build, B, T, S)
+    want, want_grads = ref.grouped_attention(q, k, v, allowed, bias, d_out, soft_cap)
     np.testing.assert_allclose(out, want, atol=2e-5)
     for name, got, expected in zip(("dq", "dk", "dv", "dbias"), grads, want_grads):
         np.testing.assert_allclose(got, expected, atol=5e-5, err_msg=name)

@@ -35,7 +35,7 @@ from keras_attn.models.decoder_only import TransformerDecoderOnly
 from keras_attn.models.transformer import TransformerEncoder
 
 DTYPES = ("float32", "bfloat16", "float16")
-IMPLEMENTATIONS = ("dense", "chunked", "local")
+IMPLEMENTATIONS = ("dense", "chunked", "local", "fused", "auto")
 
 
 def _use_bias(spec: ArchitectureSpec):

@@ -18,7 +18,7 @@ from keras_attn.layers.position_bias import RelativePositionBias
 from keras_attn.layers.quantization import QuantizedSublayers
 from keras_attn.ops import fused
 
-IMPLEMENTATIONS = ("dense", "chunked", "local")
+IMPLEMENTATIONS = ("dense", "chunked", "local", "fused", "auto")
 ATTENTION_POSITIONS = (None, "rope", "alibi", "relative")
 
 

@@ -6,8 +6,9 @@ once (before projecting: `AttentionMask.hide_inputs`) and calls `attend`, which
 - regroups grouped-query heads: queries `(B, H, T, d)` against keys and values
   `(B, H_kv, S, ·)` with `H_kv` dividing `H` run as `(B, H_kv, G, T, d)` against
   `(B, H_kv, 1, S, ·)`, per-head masks and biases alike, and come back as `(B, H, ·, ·)`;
-- decides the kernel (`kernel_for`): the one asked for, except that the local kernel gives way
-  to the dense one for what it cannot apply (same numbers, `T · S` memory);
+- decides the kernel (`kernel_for`): the one asked for (`"auto"`: the one measured fastest on
+  this backend and device, `keras_attn.tuning.AUTO_KERNELS`), except that the fused and local
+  kernels give way to the dense one for what they cannot compute (same numbers);
 - scales the queries, runs the kernel and gives padded queries zero outputs and weights.
 
 | implementation | kernel | memory | weights | dropout | masks |
@@ -16,6 +17,7 @@ once (before projecting: `AttentionMask.hide_inputs`) and calls `attend`, which
 | `"chunked"` | `kernels.blockwise` | `T · chunk` | no | no | all, built per block |
 | `"local"` | `kernels.local` | `T · window` | no (dense) | yes | a window, causality, key padding |
 | `"linear"` | `kernels.linear` | `T · d²` | O(T · S) | no | causality, key padding |
+| `"fused"` | `kernels.fused`: the backend's op | the op's | no (dense) | no (dense) | all |
 
 `keras_attn.ops.dot_product_attention` is the same computation for callers of the op: it checks
 its arguments, zeroes what the mask hides in them, and calls `attend`.

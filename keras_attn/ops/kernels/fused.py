@@ -110,7 +110,7 @@ def flash_refusal(query, key, value, causal_only: bool, has_mask: bool,
     return None
 
 
-def _causal_only(mask: AttentionMask | None, query, key) -> bool:
+def causal_only(mask: AttentionMask | None, query, key) -> bool:
     """Whether the mask is causality alone, aligned at the first key with as many queries as
     keys: the ops' `is_causal`."""
     if mask is None or not mask.causal or static_int(mask.offset) != 0:
@@ -166,7 +166,7 @@ def fused_attention(query, key, value, mask: AttentionMask | None = None, bias=N
     bias = _bias(bias, position_bias, query, key, 0 if mask is None else mask.offset)
     backend = keras.backend.backend()
     # torch's SDPA takes `is_causal` or a mask tensor (a bias), not both.
-    causal = _causal_only(mask, query, key) and not (backend == "torch" and bias is not None)
+    causal = causal_only(mask, query, key) and not (backend == "torch" and bias is not None)
     block = None if mask is None or causal else mask.block(rank=4)  # (B|1, H|1, T|1, S|1)
     has_keys = None
     if block is not None:
