@@ -62,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="dropout on the attention weights, run with training=True")
     parser.add_argument("--unfused", action="store_true",
                         help="also time MultiHead with return_attention_scores=True")
+    parser.add_argument("--also", default=None, metavar="SWITCH=VALUE",
+                        help="also time MultiHead (dense and fused) with this keras_attn.tuning "
+                             "switch set (True/False/int)")
     parser.add_argument("--kv-heads", type=int, default=None,
                         help="grouped-query attention: keras.layers.GroupQueryAttention with "
                              "this many key/value heads against MultiHead")
@@ -110,9 +113,30 @@ def _quartile_ratio(times: list[float], reference: list[float]) -> str:
     return f"{np.percentile(ratios, 25):.2f}-{np.percentile(ratios, 75):.2f}"
 
 
+def switch(also: str | None) -> dict:
+    """`--also SWITCH=VALUE` as `{SWITCH: value}` (empty without it)."""
+    if not also:
+        return {}
+    name, value = also.split("=", 1)
+    value = {"True": True, "False": False, "None": None}.get(value, value)
+    return {name: int(value) if isinstance(value, str) else value}
+
+
+def _switched(step, switches: dict):
+    """`step` run with `keras_attn.tuning` switches set (read when traced, or on every eager
+    call)."""
+    from keras_attn import tuning
+
+    def run():
+        with tuning.configure(**switches):
+            return step()
+
+    return run
+
+
 def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int,
               gemm_size: int, dropout: float = 0.0, unfused: bool = False,
-              kv_heads: int | None = None) -> list[str]:
+              kv_heads: int | None = None, also: str | None = None) -> list[str]:
     import keras
     import numpy as np
 
@@ -138,6 +162,10 @@ def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int
     if with_chunked:
         contenders["chunked"] = MultiHead.from_keras(reference, implementation="chunked",
                                                    chunk_size=chunk_size)
+    switches = switch(also)
+    if switches:
+        contenders["dense+"] = MultiHead.from_keras(reference)
+        contenders["fused+"] = MultiHead.from_keras(reference, implementation="fused")
     want = keras.ops.convert_to_numpy(reference(x, x))
     for name, layer in contenders.items():
         if name not in ("keras", "unfused"):
@@ -150,6 +178,9 @@ def run_shape(spec: str, modes, rounds: int, with_chunked: bool, chunk_size: int
         fns = {name: make_step(layer, x, mode, name == "keras", dropout > 0,
                                name == "unfused")
                for name, layer in contenders.items()}
+        for name in ("dense+", "fused+"):
+            if name in fns:
+                fns[name] = _switched(fns[name], switches)
         fns["gemm"] = matmul
         times = time_alternating(fns, rounds)
         med = {name: median(t) for name, t in times.items()}
@@ -181,7 +212,8 @@ def main(argv=None) -> None:
           + (f"; dropout {args.dropout}, training=True" if args.dropout > 0 else "")
           + ("; unfused: MultiHead with return_attention_scores=True" if args.unfused else ""))
     names = (["keras", "MultiHead", "fused"] + (["unfused"] if args.unfused else [])
-             + (["chunked"] if args.chunked else []))
+             + (["chunked"] if args.chunked else [])
+             + ([f"dense+{args.also}", f"fused+{args.also}"] if args.also else []))
     columns = ["shape", "mode", "GEMM GFLOP/s"]
     for name in names:
         columns += [f"{name} ms", f"{name} GFLOP/s (% GEMM)"]
@@ -191,7 +223,7 @@ def main(argv=None) -> None:
     print("|" + "---|" * len(columns))
     for spec in args.shapes:
         run_shape(spec, args.modes, args.rounds, args.chunked, args.chunk_size, args.gemm_size,
-                  args.dropout, args.unfused, args.kv_heads)
+                  args.dropout, args.unfused, args.kv_heads, args.also)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ TensorFlow 2.21; the figures are in `benchmarks/RESULTS.md`, section "Tuning swi
 hypothesis about any other: measure again on a GPU or another CPU, and turn a switch off where it
 does not pay.
 
+`AUTO_KERNELS` is the table `implementation="auto"` reads: per backend and device, the kernel
+measured fastest (`auto_kernel`), each row with the command that measured it and what it
+printed; rows not measured yet say so.
+
 Switches, read on every trace (set them with `configure`, before building the graph):
 
 - `loop_parallelism` (int or None, default 2): iterations in flight in the key-block loops of
@@ -135,9 +139,18 @@ class AutoKernel:
 
 
 AUTO_KERNELS = (
-    AutoKernel("tensorflow", "cpu", "dense", "TO BE MEASURED"),
-    AutoKernel("jax", "cpu", "fused", "TO BE MEASURED"),
-    AutoKernel("torch", "cpu", "fused", "TO BE MEASURED"),
+    AutoKernel("tensorflow", "cpu", "dense",
+               "`python benchmarks/attention_speed.py --rounds 7 --modes graph` (2026-12-04, "
+               "2-core Xeon, load 7-8): MultiHead fwd+bwd / Keras MHA, dense 0.75 (T128) and "
+               "0.68 (T1024), fused 0.92 and 1.03 (Keras' TensorFlow op is a composite)"),
+    AutoKernel("jax", "cpu", "dense",
+               "`KERAS_BACKEND=jax python benchmarks/attention_speed.py --rounds 7` "
+               "(2026-12-04, load 7-8): dense 0.88 (T128) and 0.39 (T1024), fused 1.02 and "
+               "0.98 (XLA's CPU attention is autodiff of the unfused formula)"),
+    AutoKernel("torch", "cpu", "fused",
+               "`KERAS_BACKEND=torch python benchmarks/attention_speed.py --rounds 7` "
+               "(2026-12-04, load 7-8): fused 0.97 (T128) and 1.00 (T1024), dense 1.32 and "
+               "2.12 (SDPA's CPU flash kernel against eager autograd)"),
     AutoKernel("jax", "gpu", "fused",
                "not measured yet (a hypothesis: cuDNN's fused kernel, as Keras' own layer "
                "takes it there); `bash benchmarks/gpu_check.sh WHEEL_DIR` measures it"),
