@@ -71,11 +71,11 @@ def _inputs(heads, kv_heads, query_len=T, key_len=S, seed=0, scale=1.0):
     return [x.astype("float32") for x in (q, k, v)] + [d_out]
 
 
-@pytest.mark.parametrize("mask", sorted(MASKS))
-@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize(("mask", "kv_heads"), [(mask, 2) for mask in sorted(MASKS)] + [
+    (mask, kv_heads) for mask in ("lengths", "causal_cache_offset") for kv_heads in (4, 1)])
 def test_fused_kernel_equals_the_reference_for_every_mask(mask, kv_heads, fused_calls):
-    """Values and gradients, 4 query heads against 4, 2 (grouped) or 1 (multi-query)
-    key/value heads."""
+    """Values and gradients for every mask kind with 4 query heads against 2 key/value heads
+    (grouped), and against 4 (one each) and 1 (multi-query) for two kinds."""
     q, k, v, d_out = _inputs(4, kv_heads)
     out, grads = run(q, k, v, MASKS[mask], "fused", d_out=d_out)
     assert fused_calls, "the fused kernel did not run"
