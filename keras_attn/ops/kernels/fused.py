@@ -215,7 +215,8 @@ def _torch(q, k, v, block, bias, causal, scale, flash):
 
 def _jax(q, k, v, block, bias, causal, scale, flash):
     """`jax.nn.dot_product_attention` on `(B, T, H, d)`: XLA, or cuDNN where flash is asked
-    for (and, with `flash=None`, tried first on a GPU for 16-bit inputs without a bias)."""
+    for (and, with `flash=None`, tried first on a GPU for 16-bit inputs without a mask tensor
+    or a bias)."""
     import jax
 
     from keras_attn import tuning
@@ -229,7 +230,9 @@ def _jax(q, k, v, block, bias, causal, scale, flash):
 
     if flash:
         return call("cudnn")
-    if (flash is None and bias is None and tuning.device_kind(q) == "gpu"
+    # Unasked, cuDNN is tried only where it is known to apply (no mask tensor, no bias): its
+    # refusals of other shapes may come when XLA compiles, past this `try`.
+    if (flash is None and block is None and bias is None and tuning.device_kind(q) == "gpu"
             and keras.backend.standardize_dtype(q.dtype) in SIXTEEN_BIT):
         try:
             return call("cudnn")
