@@ -1,4 +1,5 @@
-"""What the benchmarks share: quiet TensorFlow, a run header, side-by-side timing, the GEMM rate.
+"""What the benchmarks share: quiet TensorFlow, a run header, side-by-side timing, the GEMM rate,
+and a forward + backward step on whichever backend `KERAS_BACKEND` names.
 
 The machines these run on are shared and noisy, so nothing here reports a lone absolute time:
 every contender runs in the same process, in alternating rounds (the order rotates each round,
@@ -29,25 +30,41 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def backend_version() -> str:
+    """`"<backend> <version>"` of the Keras backend in use."""
+    import importlib
+
+    import keras
+
+    backend = keras.backend.backend()
+    return f"{backend} {importlib.import_module(backend).__version__}"
+
+
 def header(title: str) -> None:
     """Print what the numbers below depend on: date, machine, versions, load."""
     import keras
-    import tensorflow as tf
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
     print(f"# {title}")
     print(f"date: {datetime.datetime.now().isoformat(timespec='seconds')}  "
           f"cpu: {cpu_model()} x {os.cpu_count()}  load avg: "
           + " ".join(f"{x:.2f}" if isinstance(x, float) else x for x in load))
-    print(f"tensorflow {tf.__version__}  keras {keras.__version__}  "
+    print(f"backend: {backend_version()}  keras {keras.__version__}  "
           f"python {platform.python_version()}")
 
 
 def sync(result) -> None:
-    """Wait for a result (a tensor or a nested list of tensors) by reading one number back."""
-    while isinstance(result, (list, tuple)):
-        result = result[0]
-    if hasattr(result, "numpy"):
+    """Wait for a result (a tensor or a nested list of tensors) to be computed."""
+    while isinstance(result, (list, tuple, dict)):
+        result = next(iter(result.values())) if isinstance(result, dict) else result[0]
+    if hasattr(result, "block_until_ready"):  # JAX
+        result.block_until_ready()
+    elif type(result).__module__.startswith("torch"):
+        import torch
+
+        if result.is_cuda:
+            torch.cuda.synchronize()
+    elif hasattr(result, "numpy"):
         result.numpy()
 
 
@@ -80,13 +97,69 @@ def median(values) -> float:
 
 
 def gemm(n: int = 2048, dtype: str = "float32"):
-    """A plain `(n, n) @ (n, n)` matmul under tf.function: `(call, flops)`."""
-    import tensorflow as tf
+    """A plain `(n, n) @ (n, n)` matmul on the backend (under tf.function, jax.jit, or torch
+    eager): `(call, flops)`."""
+    import keras
 
-    a = tf.cast(tf.random.normal((n, n)), dtype)
-    b = tf.cast(tf.random.normal((n, n)), dtype)
-    matmul = tf.function(lambda: tf.matmul(a, b))
+    backend = keras.backend.backend()
+    a = keras.ops.cast(keras.random.normal((n, n)), dtype)
+    b = keras.ops.cast(keras.random.normal((n, n)), dtype)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        matmul = tf.function(lambda: tf.matmul(a, b))
+    elif backend == "jax":
+        import jax
+
+        product = jax.jit(lambda a, b: a @ b)
+        matmul = lambda: product(a, b)
+    else:
+        matmul = lambda: a @ b
     return matmul, 2.0 * n**3
+
+
+def forward_backward(layer, call, x, mode: str = "default"):
+    """A function running `call(layer, x)` forward and backward: the gradients of
+    `sum(y * y)` with respect to `x` and every trainable weight of `layer`, as training would
+    run it on each backend: `tf.function` (`mode="xla"`: `jit_compile=True`) on TensorFlow,
+    `jax.jit(jax.grad(...))` on JAX (weights through a `keras.StatelessScope`), eager autograd
+    on torch (what `fit` runs there)."""
+    import keras
+
+    backend = keras.backend.backend()
+    weights = layer.trainable_variables
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function(jit_compile=mode == "xla")
+        def step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = call(layer, x)
+                loss = tf.reduce_sum(tf.cast(y, "float32") ** 2)
+            return tape.gradient(loss, [x] + weights)
+
+        return lambda: step(x)
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        def loss(values, x):
+            with keras.StatelessScope(state_mapping=list(zip(weights, values))):
+                y = call(layer, x)
+            return jnp.sum(y.astype("float32") ** 2)
+
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        values = [w.value for w in weights]
+        return lambda: grad(values, x)
+    import torch
+
+    def step():
+        xt = x.detach().requires_grad_(True)
+        y = call(layer, xt)
+        return torch.autograd.grad((y.float() ** 2).sum(), [xt] + [w.value for w in weights])
+
+    return step
 
 
 def rss_bytes(pid: int | str = "self", field: str = "VmRSS") -> int:

@@ -3,11 +3,15 @@
 One `train_on_batch` (forward, loss, backward, Adam update) of `keras_attn.models.causal_lm`
 built GPT-2-style (learned positions, LayerNorm, tanh GELU, tied embeddings, pre-norm, biases)
 and of `keras_hub.models.GPT2CausalLM` (backbone of the same sizes, no preprocessor), both with
-sparse cross-entropy on the logits and no metric, `jit_compile=False` (Keras' default on CPU;
-`--jit` for XLA), timed in alternating rounds in one process (`_common.time_alternating`). The table gives
-the median step time of each and their ratio (keras_attn / keras-hub: below 1 is faster).
+sparse cross-entropy on the logits and no metric, on the backend `KERAS_BACKEND` names, as `fit`
+runs there (TensorFlow: `jit_compile=False`, Keras' default on CPU, `--jit` for XLA; JAX: always
+jitted; torch: eager), timed in alternating rounds in one process (`_common.time_alternating`).
+keras_attn runs once per `--implementation` (by default the dense kernel and the backend's fused
+op). The table gives the median step time of each and their ratios (keras_attn / keras-hub:
+below 1 is faster) with their spread (25th-75th percentile of the per-round ratios).
 
     python benchmarks/lm_training_speed.py
+    KERAS_BACKEND=torch python benchmarks/lm_training_speed.py --rounds 7
     python benchmarks/lm_training_speed.py --lengths 128 1024 --rounds 15 --implementation chunked
     python benchmarks/lm_training_speed.py --rounds 15 --also fused_norm_gelu=False
 
@@ -23,6 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import numpy as np
 from _common import header, median, time_alternating
 
 
@@ -36,7 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ffn-dim", type=int, default=512)
-    parser.add_argument("--implementation", default="dense", choices=["dense", "chunked"])
+    parser.add_argument("--implementation", nargs="+", default=["dense", "fused"],
+                        choices=["dense", "chunked", "fused", "auto"])
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--jit", action="store_true", help="compile both steps with XLA")
     parser.add_argument("--also", default=None, metavar="SWITCH=VALUE",
@@ -46,8 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def models(length: int, args):
-    """`{name: (model, inputs)}` of both contenders, compiled."""
+def models(length: int, args, implementation: str = "dense"):
+    """keras_attn's model with `implementation` and keras-hub's, compiled."""
     import keras
     import keras_hub
 
@@ -56,7 +62,7 @@ def models(length: int, args):
     ours = causal_lm(args.vocab_size, args.num_layers, args.dim, args.heads, args.ffn_dim,
                      position_encoding="learned", max_length=length, norm="layer",
                      activation="gelu_tanh", tie_embeddings=True,
-                     implementation=args.implementation)
+                     implementation=implementation)
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=args.vocab_size, num_layers=args.num_layers, num_heads=args.heads,
         hidden_dim=args.dim, intermediate_dim=args.ffn_dim, dropout=0.0,
@@ -75,36 +81,52 @@ def models(length: int, args):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    import numpy as np
 
     header("causal_lm training step vs keras-hub GPT2CausalLM (same shape)")
     print(f"{args.num_layers} layers, d {args.dim}, {args.heads} heads, FFN {args.ffn_dim}, "
           f"vocab {args.vocab_size}, float32, {args.tokens} tokens per batch, "
-          f"implementation={args.implementation}, jit_compile={args.jit}, keras-hub accuracy "
+          f"jit_compile={args.jit}, keras-hub accuracy "
           f"metric {'on' if args.hub_accuracy else 'off'}; median of "
-          f"{args.rounds} alternating rounds after one warm-up step")
-    print("| T | batch | keras_attn ms | keras-hub ms | ratio |")
-    print("|---|---|---|---|---|")
+          f"{args.rounds} alternating rounds after two warm-up steps")
+    from keras_attn import tuning
+
+    print(f"implementation=\"auto\" runs {tuning.auto_kernel()!r} here "
+          f"({tuning.device_kind()})")
+    names = list(args.implementation)
+    print("| T | batch | " + " | ".join(f"{name} ms" for name in names) + " | keras-hub ms | "
+          + " | ".join(f"{name} / keras-hub (IQR)" for name in names) + " |")
+    print("|---|---|" + "---|" * (2 * len(names) + 1))
     rng = np.random.default_rng(0)
     for length in args.lengths:
         batch = max(1, args.tokens // length)
         ids = rng.integers(1, args.vocab_size, (batch, length + 1)).astype("int32")
         x, y = ids[:, :-1], ids[:, 1:]
-        ours, hub = models(length, args)
+        fns = {}
+        for name in names:
+            ours, hub = models(length, args, name)
+            fns[name] = lambda ours=ours, x=x, y=y: ours.train_on_batch(x, y)
         hub_x = {"token_ids": x, "padding_mask": np.ones_like(x, dtype="bool")}
-        fns = {
-            "keras_attn": lambda ours=ours, x=x, y=y: ours.train_on_batch(x, y),
-            "keras_hub": lambda hub=hub, x=hub_x, y=y: hub.train_on_batch(x, y),
-        }
+        fns["keras_hub"] = lambda hub=hub, x=hub_x, y=y: hub.train_on_batch(x, y)
         if args.also:
             fns["also"] = switched_step(length, args, x, y)
         times = time_alternating(fns, rounds=args.rounds, warmup=2)
-        a, b = median(times["keras_attn"]), median(times["keras_hub"])
-        row = f"| {length} | {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f} |"
+        b = median(times["keras_hub"])
+        row = (f"| {length} | {batch} | "
+               + " | ".join(f"{median(times[name]) * 1e3:.1f}" for name in names)
+               + f" | {b * 1e3:.1f} | "
+               + " | ".join(f"**{median(times[name]) / b:.2f}** "
+                            f"({_spread(times[name], times['keras_hub'])})" for name in names)
+               + " |")
         if args.also:
             c = median(times["also"])
             row += f" {args.also}: {c * 1e3:.1f} ms, {c / b:.2f} |"
         print(row, flush=True)
+
+
+def _spread(times: list[float], reference: list[float]) -> str:
+    """The 25th-75th percentiles of the per-round ratios."""
+    ratios = np.asarray(times) / np.asarray(reference)
+    return f"{np.percentile(ratios, 25):.2f}-{np.percentile(ratios, 75):.2f}"
 
 
 def switched_step(length: int, args, x, y):
@@ -116,7 +138,7 @@ def switched_step(length: int, args, x, y):
     value = {"True": True, "False": False, "None": None}.get(value, value)
     value = int(value) if isinstance(value, str) else value
     with tuning.configure(**{name: value}):
-        ours, _ = models(length, args)
+        ours, _ = models(length, args, args.implementation[0])
         ours.train_on_batch(x, y)
     return lambda: ours.train_on_batch(x, y)
 

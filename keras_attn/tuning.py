@@ -6,6 +6,10 @@ TensorFlow 2.21; the figures are in `benchmarks/RESULTS.md`, section "Tuning swi
 hypothesis about any other: measure again on a GPU or another CPU, and turn a switch off where it
 does not pay.
 
+`AUTO_KERNELS` is the table `implementation="auto"` reads: per backend and device, the kernel
+measured fastest (`auto_kernel`), each row with the command that measured it and what it
+printed; rows not measured yet say so.
+
 Switches, read on every trace (set them with `configure`, before building the graph):
 
 - `loop_parallelism` (int or None, default 2): iterations in flight in the key-block loops of
@@ -118,6 +122,77 @@ def configure(**switches: Any):
     for name, value in switches.items():
         setattr(SWITCHES, name, value)
     return _restoring(previous)
+
+
+# ---- the kernel `implementation="auto"` runs -------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class AutoKernel:
+    """One row of `AUTO_KERNELS`: on `backend` and `device`, `"auto"` runs `kernel`, chosen by
+    the measurement `measured` (the command and what it printed) or, where nothing was measured
+    yet, on the hypothesis it states."""
+
+    backend: str
+    device: str
+    kernel: str
+    measured: str
+
+
+AUTO_KERNELS = (
+    AutoKernel("tensorflow", "cpu", "dense",
+               "`python benchmarks/attention_speed.py --rounds 7 --modes graph` (2026-12-04, "
+               "2-core Xeon, load 7-8): MultiHead fwd+bwd / Keras MHA, dense 0.75 (T128) and "
+               "0.68 (T1024), fused 0.92 and 1.03 (Keras' TensorFlow op is a composite)"),
+    AutoKernel("jax", "cpu", "dense",
+               "`KERAS_BACKEND=jax python benchmarks/attention_speed.py --rounds 7` "
+               "(2026-12-04, load 7-8): dense 0.88 (T128) and 0.39 (T1024), fused 1.02 and "
+               "0.98 (XLA's CPU attention is autodiff of the unfused formula)"),
+    AutoKernel("torch", "cpu", "fused",
+               "`KERAS_BACKEND=torch python benchmarks/attention_speed.py --rounds 7` "
+               "(2026-12-04, load 7-8): fused 0.97 (T128) and 1.00 (T1024), dense 1.32 and "
+               "2.12 (SDPA's CPU flash kernel against eager autograd)"),
+    AutoKernel("jax", "gpu", "fused",
+               "not measured yet (a hypothesis: cuDNN's fused kernel, as Keras' own layer "
+               "takes it there); `bash benchmarks/gpu_check.sh WHEEL_DIR` measures it"),
+    AutoKernel("torch", "gpu", "fused",
+               "not measured yet (a hypothesis: SDPA's flash and memory-efficient kernels, as "
+               "Keras' own layer takes them there); `bash benchmarks/gpu_check.sh WHEEL_DIR`"),
+)
+
+
+def device_kind(x: Any = None) -> str:
+    """`"cpu"`, `"gpu"` or `"tpu"`: where tensor `x` lives under torch, else where the backend
+    computes by default."""
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        kind = getattr(getattr(x, "device", None), "type", None)
+        if kind in (None, "meta"):  # symbolic: the device Keras would put it on
+            kind = "cuda" if torch.cuda.is_available() else "cpu"
+        return {"cuda": "gpu", "xla": "tpu"}.get(kind, kind)
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.config.list_logical_devices("TPU"):
+            return "tpu"
+        return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    return "cpu"
+
+
+def auto_kernel(x: Any = None) -> str:
+    """The kernel `implementation="auto"` runs on this backend and `x`'s device (`x` a
+    tensor, or None for the default device): `AUTO_KERNELS`' row, `"dense"` where there is
+    none."""
+    backend, device = keras.backend.backend(), device_kind(x)
+    for row in AUTO_KERNELS:
+        if (row.backend, row.device) == (backend, device):
+            return row.kernel
+    return "dense"
 
 
 # ---- loops and block sizes -----------------------------------------------------------------

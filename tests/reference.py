@@ -104,9 +104,11 @@ def _prepare(q, k, v, mask, bias, scale):
     return q, k, v, mask, bias, float(scale)
 
 
-def _attention_weights(q, k, mask, bias, scale):
+def _attention_weights(q, k, mask, bias, scale, soft_cap=None):
     with np.errstate(invalid="ignore", over="ignore"):
         scores = scale * (q @ np.swapaxes(k, -1, -2))
+        if soft_cap is not None:
+            scores = soft_cap * np.tanh(scores / soft_cap)
     if bias is not None:
         scores = scores + bias
     scores = np.where(mask, scores, -np.inf)  # masked entries replaced before exp
@@ -122,8 +124,9 @@ def _attention_weights(q, k, mask, bias, scale):
 # ---------------------------------------------------------------------------------------
 
 
-def attention(q, k, v, mask=None, bias=None, scale=None):
-    """Scaled dot-product attention, softmax(scale * q k^T + bias) v, with a boolean mask.
+def attention(q, k, v, mask=None, bias=None, scale=None, soft_cap=None):
+    """Scaled dot-product attention, softmax(scale * q k^T + bias) v, with a boolean mask;
+    with ``soft_cap`` c, softmax(c * tanh(scale * q k^T / c) + bias) v (Gemma's soft-capping).
 
     Args:
         q: ``(..., T, d)``; k: ``(..., S, d)``; v: ``(..., S, dv)``. Leading axes
@@ -139,17 +142,20 @@ def attention(q, k, v, mask=None, bias=None, scale=None):
         even where ``k``/``v`` are NaN or inf.
     """
     q, k, v, mask, bias, scale = _prepare(q, k, v, mask, bias, scale)
-    weights = _attention_weights(q, k, mask, bias, scale)
+    weights = _attention_weights(q, k, mask, bias, scale, soft_cap)
     return _masked_matmul(weights, v, mask), weights
 
 
-def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None):
+def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None, soft_cap=None):
     """Analytic gradients of ``sum(attention(q, k, v, mask, bias, scale)[0] * d_out)``.
 
     With P the weights and dO = ``d_out`` ``(..., T, dv)``::
 
         dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(dP * P)),
-        dQ = scale * dS K,   dK = scale * dS^T Q,   dbias = dS.
+        dQ = scale * dS K,   dK = scale * dS^T Q,   dbias = dS,
+
+    and with ``soft_cap`` c, dS is first multiplied by ``1 - tanh(scale * q k^T / c)^2``
+    for dQ and dK (not for dbias, added after the cap).
 
     Each gradient is summed over broadcast axes back to its input's shape. Returns
     ``(dq, dk, dv, dbias)``; with ``bias=None``, dbias is dS at the full score shape
@@ -159,14 +165,19 @@ def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None):
     """
     q, k, v, mask, bias, scale = _prepare(q, k, v, mask, bias, scale)
     d_out = _f64(d_out)
-    p = _attention_weights(q, k, mask, bias, scale)
+    p = _attention_weights(q, k, mask, bias, scale, soft_cap)
     with np.errstate(invalid="ignore", over="ignore"):
         dp = np.where(mask, d_out @ np.swapaxes(v, -1, -2), 0.0)
     ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    ds_raw = ds
+    if soft_cap is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            ds_raw = ds * (1.0 - np.tanh(scale * (q @ np.swapaxes(k, -1, -2)) / soft_cap) ** 2)
+        ds_raw = np.where(mask, ds_raw, 0.0)
     mask_t = np.swapaxes(mask, -1, -2)  # (..., S, T): the same entries, summed over T
     dv = _masked_matmul(np.swapaxes(p, -1, -2), d_out, mask_t)
-    dq = scale * _masked_matmul(ds, k, mask)
-    dk = scale * _masked_matmul(np.swapaxes(ds, -1, -2), q, mask_t)
+    dq = scale * _masked_matmul(ds_raw, k, mask)
+    dk = scale * _masked_matmul(np.swapaxes(ds_raw, -1, -2), q, mask_t)
     dbias = ds if bias is None else sum_to_shape(ds, bias.shape)
     return (
         sum_to_shape(dq, q.shape),
@@ -174,6 +185,32 @@ def attention_grads(q, k, v, d_out, mask=None, bias=None, scale=None):
         sum_to_shape(dv, v.shape),
         dbias,
     )
+
+
+def grouped_attention(q, k, v, allowed, bias=None, d_out=None, soft_cap=None):
+    """``attention`` (and, given ``d_out``, ``attention_grads``) of ``(B, H, T, d)`` queries
+    against ``(B, H_kv, S, d)`` keys and values, ``H_kv`` dividing ``H`` (grouped-query
+    attention), under a ``(B, T, S)`` boolean mask and a bias ``(·, H, T, S)``.
+
+    Returns:
+        ``(outputs (B, H, T, dv), [dq, dk, dv(, dbias)] or None)``.
+    """
+    heads, kv_heads = q.shape[1], k.shape[1]
+    grouped = q.reshape((q.shape[0], kv_heads, heads // kv_heads) + q.shape[2:])
+    mask = np.asarray(allowed)[:, None, None]
+    group_bias = None if bias is None else np.reshape(
+        bias, bias.shape[:1] + (kv_heads, heads // kv_heads) + bias.shape[2:])
+    args = (grouped, k[:, :, None], v[:, :, None])
+    out = attention(*args, mask, group_bias, soft_cap=soft_cap)[0].reshape(
+        q.shape[:-1] + v.shape[-1:])
+    if d_out is None:
+        return out, None
+    dq, dk, dv, dbias = attention_grads(*args, d_out.reshape(grouped.shape[:-1] + (-1,)),
+                                        mask, group_bias, soft_cap=soft_cap)
+    grads = [dq.reshape(q.shape), dk[:, :, 0], dv[:, :, 0]]
+    if bias is not None:
+        grads.append(dbias.reshape(bias.shape))
+    return out, grads
 
 
 def log_softmax(x, axis=-1):
@@ -372,6 +409,44 @@ def combined_mask(batch, T, S, lens=None, causal=False, offset=0, window=None, n
 # ---------------------------------------------------------------------------------------
 # ALiBi (Press et al., 2022, "Train Short, Test Long", arXiv:2108.12409)
 # ---------------------------------------------------------------------------------------
+
+
+def mask_kinds(batch, T, S, seed=3):
+    """Every kind of mask ``keras_attn.ops.AttentionMask.build`` takes, as its arguments for
+    ``batch`` sequences of ``T`` queries and ``S >= T`` keys (``batch`` >= 2): lengths (per
+    sequence and per query), a causal mask at a cache offset, windows (with a global token),
+    a dense block, key and query padding, and rows that see no key."""
+    rng = np.random.default_rng(seed)
+    lens = [S] + [max(1, S // 2)] * (batch - 1)
+    per_query = rng.integers(0, S + 1, (batch, T))
+    key_mask = rng.random((batch, S)) < 0.7
+    key_mask[:, 1] = True
+    query_mask = rng.random((batch, T)) < 0.8
+    return {
+        "none": {},
+        "lengths": {"valid_lens": lens},
+        "lengths_per_query": {"valid_lens": per_query},
+        "causal_cache_offset": {"use_causal_mask": True, "causal_offset": S - T},
+        "window": {"window": 1, "causal_offset": 1},
+        "window_global": {"window": 1, "num_global": 1},
+        "dense": {"attention_mask": rng.random((batch, T, S)) < 0.6},
+        "key_padding": {"key_mask": key_mask},
+        "query_padding": {"query_mask": query_mask},
+        "empty_rows": {"valid_lens": [0] + lens[1:], "use_causal_mask": True},
+    }
+
+
+def mask_of(build, batch, T, S):
+    """The ``(B, T, S)`` boolean mask of ``AttentionMask.build(T, S, batch, **build)``, from
+    ``combined_mask``."""
+    names = {"valid_lens": "lens", "use_causal_mask": "causal", "causal_offset": "offset",
+             "window": "window", "num_global": "num_global", "attention_mask": "dense",
+             "key_mask": "key_valid", "query_mask": "query_valid"}
+    spec = {}
+    for name, value in build.items():
+        value = np.asarray(value)
+        spec[names[name]] = value.astype(bool) if name.endswith("_mask") else value
+    return combined_mask(batch, T, S, **spec)
 
 
 def alibi_slopes(num_heads, max_bias=8.0):

@@ -107,7 +107,7 @@ def test_rotary_multi_head_equals_the_reference():
 
 
 @pytest.mark.parametrize("position_encoding", ["rope", "alibi", "relative"])
-@pytest.mark.parametrize("implementation", ["dense", "chunked"])
+@pytest.mark.parametrize("implementation", ["dense", "chunked", "fused"])
 def test_cached_steps_equal_the_full_pass_with_groups_and_positions(position_encoding,
                                                                     implementation):
     layer = ka.MultiHead(num_heads=4, key_dim=4, num_key_value_heads=2,

@@ -189,17 +189,19 @@ def test_non_finite_query_rows_that_see_nothing_change_nothing():
         np.testing.assert_array_equal(c, p)
 
 
-def test_grads_match_finite_differences():
+@pytest.mark.parametrize("soft_cap", [None, 0.7])
+def test_grads_match_finite_differences(soft_cap):
     rng = _rng(6)
     q, k, v, d_out = _qkvo(rng, (), 3, 4, 2, 3)
+    q = 3.0 * q  # scores past the soft cap's linear range
     bias = rng.standard_normal((3, 4))
     mask = ref.causal_mask(3, 4, offset=1)
 
     def loss(q, k, v, bias):
-        return np.sum(ref.attention(q, k, v, mask, bias)[0] * d_out)
+        return np.sum(ref.attention(q, k, v, mask, bias, soft_cap=soft_cap)[0] * d_out)
 
     args = [q, k, v, bias]
-    grads = ref.attention_grads(q, k, v, d_out, mask, bias)
+    grads = ref.attention_grads(q, k, v, d_out, mask, bias, soft_cap=soft_cap)
     eps = 1e-6
     for a, g in zip(range(4), grads, strict=True):
         num = ref.numeric_gradient(lambda t, a=a: loss(*args[:a], t, *args[a + 1:]), args[a], eps)

@@ -88,11 +88,15 @@ class AttentionConfig:
             (T5 buckets, learned), or a `RotaryEmbedding`, `AlibiBias` or
             `RelativePositionBias` layer (kept as its config: each attention layer builds its
             own). Defaults to `None`.
-        implementation: the kernel, one of `keras_attn.ops.IMPLEMENTATIONS`: `"dense"`,
-            `"chunked"` (exact attention blockwise over keys, memory `T · chunk_size`; no
-            attention dropout, no returned weights), `"local"` (with `sliding_window`,
-            O(T · window)) or `"linear"` (kernelized attention, not softmax). Defaults to
-            `"dense"`.
+        implementation: the kernel, one of `keras_attn.ops.IMPLEMENTATIONS`: `"auto"` (the
+            kernel measured fastest on this backend and device, `keras_attn.tuning.AUTO_KERNELS`:
+            the dense kernel on TensorFlow and JAX CPUs, the fused one on torch), `"dense"`,
+            `"fused"` (the backend's own op: torch's SDPA, JAX's `dot_product_attention`,
+            Keras' op on TensorFlow), `"chunked"` (exact attention blockwise over keys, memory
+            `T · chunk_size`; no attention dropout, no returned weights), `"local"` (with
+            `sliding_window`, O(T · window)) or `"linear"` (kernelized attention, not
+            softmax). A call a kernel cannot compute runs the dense one
+            (`keras_attn.ops.kernel_for`). Defaults to `"auto"`.
         chunk_size: optional int, keys per block of the chunked kernel (`None`: sized by
             `keras_attn.tuning`). Defaults to `None`.
         flash_attention: optional bool, Keras' meaning: `True` asks the backend's flash
@@ -117,7 +121,7 @@ class AttentionConfig:
     head_dim: int | None = None
     use_bias: bool | tuple = True
     position_encoding: str | dict | None = None
-    implementation: str = "dense"
+    implementation: str = "auto"
     chunk_size: int | None = None
     flash_attention: bool | None = None
     sliding_window: int | None = None
@@ -153,12 +157,21 @@ class AttentionConfig:
                 f"implementation={self.implementation!r}, sliding_window=None")
         if self.flash_attention is not None:
             check_bool("flash_attention", self.flash_attention)
+        if self.flash_attention and self.implementation not in ("fused", "auto"):
+            raise ValueError(
+                "Argument `flash_attention=True` needs implementation=\"fused\" or \"auto\" "
+                "(the backend's own op, as Keras' MultiHeadAttention). Received: "
+                f"flash_attention=True, implementation={self.implementation!r}")
         check_number("soft_cap", self.soft_cap, 0, strict=True, allow_none=True)
         for name in ("use_gate", "add_bias_kv", "add_zero_attn"):
             check_bool(name, getattr(self, name))
 
     def check_dropout(self, dropout: float) -> None:
         """Raise if the kernel cannot drop attention weights at rate `dropout`."""
+        if self.flash_attention and dropout > 0:
+            raise ValueError(
+                "Argument `flash_attention=True` takes no dropout on the attention weights (as "
+                f"Keras' MultiHeadAttention). Received: flash_attention=True, dropout={dropout!r}")
         if self.implementation == "chunked" and dropout > 0:
             raise ValueError(
                 "Argument `implementation=\"chunked\"` has no dropout on the attention "
@@ -168,8 +181,8 @@ class AttentionConfig:
     def for_cross_attention(self) -> AttentionConfig:
         """The configuration of a decoder's cross-attention: the same heads, biases and
         kernel, without positions or a window (there is no window across two sequences: the
-        local kernel becomes the dense one)."""
-        implementation = "dense" if self.implementation == "local" else self.implementation
+        local kernel becomes `"auto"`)."""
+        implementation = "auto" if self.implementation == "local" else self.implementation
         return self.replace(position_encoding=None, sliding_window=None,
                             implementation=implementation)
 

@@ -89,8 +89,8 @@ class LocalMultiHead(MultiHead):
             sliding_window = window + 1
         attention = kwargs.get("attention")
         attention = None if attention is None else AttentionConfig.coerce(attention)
-        if implementation is None and (attention is None or attention.implementation == "dense"):
-            implementation = "local"  # the default here (a configuration's "dense" is unsaid)
+        if implementation is None and (attention is None or attention.implementation == "auto"):
+            implementation = "local"  # the default here (a configuration's "auto" is unsaid)
         if sliding_window is None and (attention is None or attention.sliding_window is None):
             raise ValueError(
                 "Argument `sliding_window` is required: the query at position p sees the keys "

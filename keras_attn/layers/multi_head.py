@@ -79,12 +79,16 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             `GroupQueryAttention` `num_key_value_heads`: `num_key_value_heads`,
             `position_encoding` (a name, or a `RotaryEmbedding` / `AlibiBias` /
             `RelativePositionBias` layer, which several attention layers may share, T5),
-            `implementation` (`"dense"`, `"chunked"`: exact, memory `T · chunk_size`, no
-            dropout in training, no returned weights; `"local"` with `sliding_window`; calls a
-            kernel cannot take run the dense one, see `keras_attn.ops.kernel_for`),
-            `chunk_size`, `flash_attention`, `sliding_window` (the query at p sees the keys j
-            with |p - j| < w; causal: the `w` latest), `soft_cap`, `use_gate`, `add_bias_kv`,
-            `add_zero_attn`. A field given both ways must agree. Defaults to `None` (dense
+            `implementation` (`"dense"`; `"fused"`: the backend's fused op, torch's SDPA,
+            JAX's `dot_product_attention`, Keras' op on TensorFlow; `"auto"`: the kernel
+            measured fastest on this backend and device, `keras_attn.tuning.AUTO_KERNELS`;
+            `"chunked"`: exact, memory `T · chunk_size`, no dropout in training, no returned
+            weights; `"local"` with `sliding_window`; calls a kernel cannot take run the dense
+            one, see `keras_attn.ops.kernel_for`), `chunk_size`, `flash_attention` (Keras'
+            meaning, with `"fused"` or `"auto"`: True asks for a flash kernel, a ValueError
+            where the backend, device or call cannot have one), `sliding_window` (the query at
+            p sees the keys j with |p - j| < w; causal: the `w` latest), `soft_cap`,
+            `use_gate`, `add_bias_kv`, `add_zero_attn`. A field given both ways must agree. Defaults to `None` (dense
             attention, one key/value head per query head, no positions).
 
     Call arguments:
@@ -187,6 +191,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
     chunk_size = property(lambda self: self.config.chunk_size)
     sliding_window = property(lambda self: self.config.sliding_window)
     use_gate = property(lambda self: self.config.use_gate)
+    flash_attention = property(lambda self: self.config.flash_attention)
     add_bias_kv = property(lambda self: self.config.add_bias_kv)
     add_zero_attn = property(lambda self: self.config.add_zero_attn)
 
@@ -305,6 +310,7 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             seed=self.seed_generator, implementation=self.implementation,
             chunk_size=self.chunk_size, bias=attention_bias,
             position_bias=self._position_bias(), return_weights=bool(return_attention_scores),
+            soft_cap=self.config.soft_cap, flash_attention=self.config.flash_attention,
         )  # (B, H, T, dv), (B, H, T, S) or None
         results = (self._combine_heads(context, query),)
         if cache is not None:

@@ -6,8 +6,9 @@
 - `heads`: splitting projections into heads and merging them back;
 - `position`: rotary embeddings, and position biases (ALiBi, T5 buckets) computed per tile;
 - `dispatch`: `attend`, the seam between projected heads and the kernels in `kernels/` (dense
-  with a fused backward, blockwise, local, linear): grouped-query heads, the kernel choice and
-  its fallback (`kernel_for`);
+  with a fused backward, blockwise, local, linear, and the backend's own op): grouped-query
+  heads, the kernel choice (`"auto"`: measured per backend and device) and its fallback
+  (`kernel_for`);
 - `attention`: `dot_product_attention`, the same computation as a checked op that zeroes what
   its mask hides;
 - `axes`: attention over any axes of inputs of any rank, folded into `(batch, length, dim)`.

@@ -153,6 +153,8 @@ def dot_product_attention(
     position_bias: PositionBias | None = None,
     return_weights: bool | None = None,
     query_chunk_size: int | None = None,
+    soft_cap: float | None = None,
+    flash_attention: bool | None = None,
     **deprecated,
 ):
     """Scaled dot-product attention, `softmax(Q Kᵀ · scale + bias) V`, by the chosen kernel.
@@ -169,8 +171,12 @@ def dot_product_attention(
         dropout_rate: float in [0, 1), dropout on the attention weights when training.
         training: bool, whether dropout is active. Defaults to `False`.
         seed: int or `keras.random.SeedGenerator` for the dropout.
-        implementation: `"dense"`, `"chunked"` (blockwise over keys, memory `T · chunk_size`,
-            no dropout in training, no weights), `"local"` (the mask's sliding window, memory
+        implementation: `"dense"`, `"fused"` (the backend's own fused op: torch's
+            `scaled_dot_product_attention`, `jax.nn.dot_product_attention`, Keras' op on
+            TensorFlow; calls it cannot compute exactly run the dense kernel, see
+            `keras_attn.ops.kernel_for`), `"auto"` (the kernel measured fastest on this
+            backend and device, `keras_attn.tuning.AUTO_KERNELS`), `"chunked"` (blockwise over
+            keys, memory `T · chunk_size`, no dropout in training, no weights), `"local"` (the mask's sliding window, memory
             `T · window`; the dense kernel runs instead where the window kernel cannot apply
             the call, see `keras_attn.ops.kernel_for`) or `"linear"` (kernelized attention
             φ(q)(φ(k)ᵀv), φ = elu + 1: not softmax, no scale, bias or dropout). Defaults to
@@ -187,6 +193,13 @@ def dot_product_attention(
             the dense kernel runs. Without them the dense kernel keeps the weights for a fused
             backward pass instead of the backend's differentiation. Defaults to `None`.
         query_chunk_size: optional int, queries per block when chunked. Defaults to `None`.
+        soft_cap: optional float `c` > 0: the scaled scores become `c · tanh(scores / c)`
+            before the bias and the mask (Gemma's attention logit soft-capping). Defaults to
+            `None`.
+        flash_attention: None, True or False, Keras' meaning: with `"fused"` or `"auto"`,
+            None lets the backend choose, True asks for a flash kernel (a ValueError where the
+            backend, the device or the call cannot have one, e.g. on any CPU), False for none.
+            Defaults to `None`.
         **deprecated: `valid_lens`, `use_causal_mask`, `causal_offset` (build the mask with
             `AttentionMask.build` instead) and `zero_masked_inputs` (no longer used), accepted
             with a DeprecationWarning.
@@ -208,6 +221,9 @@ def dot_product_attention(
     check_one_of("implementation", implementation, IMPLEMENTATIONS)
     check_positive_int("chunk_size", chunk_size, allow_none=True)
     check_positive_int("query_chunk_size", query_chunk_size, allow_none=True)
+    check_number("soft_cap", soft_cap, 0, strict=True, allow_none=True)
+    if flash_attention is not None:
+        check_bool("flash_attention", flash_attention)
     if return_weights is not None:
         check_bool("return_weights", return_weights)
     for name, size, allowed in (("chunk_size", chunk_size, ("chunked", "linear")),
@@ -238,4 +254,5 @@ def dot_product_attention(
                   dropout_rate=dropout_rate if training else 0.0, seed=seed,
                   implementation=implementation, chunk_size=chunk_size,
                   query_chunk_size=query_chunk_size, bias=bias, position_bias=position_bias,
-                  return_weights=return_weights)
+                  return_weights=return_weights, soft_cap=soft_cap,
+                  flash_attention=flash_attention)

@@ -6,8 +6,9 @@ once (before projecting: `AttentionMask.hide_inputs`) and calls `attend`, which
 - regroups grouped-query heads: queries `(B, H, T, d)` against keys and values
   `(B, H_kv, S, ·)` with `H_kv` dividing `H` run as `(B, H_kv, G, T, d)` against
   `(B, H_kv, 1, S, ·)`, per-head masks and biases alike, and come back as `(B, H, ·, ·)`;
-- decides the kernel (`kernel_for`): the one asked for, except that the local kernel gives way
-  to the dense one for what it cannot apply (same numbers, `T · S` memory);
+- decides the kernel (`kernel_for`): the one asked for (`"auto"`: the one measured fastest on
+  this backend and device, `keras_attn.tuning.AUTO_KERNELS`), except that the fused and local
+  kernels give way to the dense one for what they cannot compute (same numbers);
 - scales the queries, runs the kernel and gives padded queries zero outputs and weights.
 
 | implementation | kernel | memory | weights | dropout | masks |
@@ -16,6 +17,7 @@ once (before projecting: `AttentionMask.hide_inputs`) and calls `attend`, which
 | `"chunked"` | `kernels.blockwise` | `T · chunk` | no | no | all, built per block |
 | `"local"` | `kernels.local` | `T · window` | no (dense) | yes | a window, causality, key padding |
 | `"linear"` | `kernels.linear` | `T · d²` | O(T · S) | no | causality, key padding |
+| `"fused"` | `kernels.fused`: the backend's op | the op's | no (dense) | no (dense) | all |
 
 `keras_attn.ops.dot_product_attention` is the same computation for callers of the op: it checks
 its arguments, zeroes what the mask hides in them, and calls `attend`.
@@ -27,32 +29,62 @@ import math
 
 from keras import ops
 
+from keras_attn import tuning
 from keras_attn._checks import static_int
 from keras_attn.ops.kernels.blockwise import blockwise_attention
 from keras_attn.ops.kernels.common import lay_out, lead_shape
 from keras_attn.ops.kernels.dense import dense_attention
+from keras_attn.ops.kernels.fused import fused_attention, refusal
 from keras_attn.ops.kernels.linear import linear_attention, linear_attention_weights
 from keras_attn.ops.kernels.local import local_attention
 from keras_attn.ops.masks import AttentionMask
 
-IMPLEMENTATIONS = ("dense", "chunked", "local", "linear")
+# Every value of `implementation`, here and in every layer and model.
+IMPLEMENTATIONS = ("dense", "chunked", "local", "linear", "fused", "auto")
 
 
 def kernel_for(implementation: str, mask: AttentionMask | None, query, key, bias=None,
-               return_weights: bool | None = None) -> str:
-    """The kernel that runs for `implementation`: itself, except that `"local"` gives way to
-    `"dense"` (same numbers) where it cannot apply what the call asks: the returned weights,
-    a bias tensor, a dense mask, per-query lengths, a causal offset (a decoding cache), or
-    keys that are not the queries' positions; and every kernel gives way to `"dense"` when
-    there are no keys."""
+               return_weights: bool | None = None, *, value=None, position_bias=None,
+               dropout_rate: float = 0.0, soft_cap: float | None = None,
+               flash_attention: bool | None = None) -> str:
+    """The kernel that runs for `implementation`: itself, except that
+
+    - `"auto"` is the kernel `keras_attn.tuning.AUTO_KERNELS` measured fastest on this backend
+      and device (`"fused"` or `"dense"`);
+    - `"fused"` gives way to `"dense"` (same numbers) where the backend's op cannot compute the
+      call exactly (`keras_attn.ops.kernels.fused.refusal`: returned weights, dropout, soft
+      capping, ...), unless `flash_attention=True`, which raises a ValueError instead;
+    - `"local"` gives way to `"dense"` where it cannot apply what the call asks: the returned
+      weights, a bias tensor, a dense mask, per-query lengths, a causal offset (a decoding
+      cache), soft capping, or keys that are not the queries' positions;
+    - every kernel gives way to `"dense"` when there are no keys."""
+    if flash_attention and implementation not in ("auto", "fused"):
+        raise ValueError(
+            "Argument `flash_attention=True` needs the backend's fused op: "
+            "implementation=\"fused\" or \"auto\". Received: "
+            f"implementation={implementation!r}"
+        )
     if key.shape[-2] == 0:
         return "dense"
+    if implementation == "auto":
+        implementation = "fused" if flash_attention else tuning.auto_kernel(query)
+    if implementation == "fused":
+        reason = refusal(query, key, value, mask, bias, position_bias,
+                         dropout_rate=dropout_rate, soft_cap=soft_cap,
+                         return_weights=return_weights)
+        if reason and flash_attention:
+            raise ValueError(
+                f"Argument `flash_attention=True` asks for the backend's fused op, which cannot "
+                f"compute this call: {reason}. Use flash_attention=None."
+            )
+        return "dense" if reason else "fused"
     if implementation != "local" or mask is None or mask.window is None:
         return implementation
     q_len, k_len = query.shape[-2], key.shape[-2]
     offset = static_int(mask.offset)
     needs_scores = (
         bool(return_weights) or bias is not None or mask.dense is not None
+        or soft_cap is not None
         or (mask.key_lens is not None and len(mask.key_lens.shape) == 2)
         or offset != 0 or (None not in (q_len, k_len) and q_len != k_len)
     )
@@ -131,6 +163,8 @@ def attend(
     bias=None,
     position_bias=None,
     return_weights: bool | None = None,
+    soft_cap: float | None = None,
+    flash_attention: bool | None = None,
 ):
     """`softmax(Q Kᵀ · scale + bias) V` (or linear attention) by the kernel `kernel_for` picks.
 
@@ -155,12 +189,25 @@ def attend(
             `(H, T, S)` or `(B, H, T, S)` follows the query heads under grouping.
         position_bias: optional `keras_attn.ops.PositionBias` over the `H` query heads.
         return_weights: bool or None (return them when the dense kernel runs).
+        soft_cap: optional float `c` > 0: the scaled scores become `c · tanh(scores / c)`
+            before the bias and the mask (Gemma's attention logit soft-capping). Defaults to
+            `None`.
+        flash_attention: None, True or False, as Keras' `dot_product_attention` takes it: with
+            `"fused"` or `"auto"`, None lets the backend choose its kernel, True asks for a
+            flash kernel (a ValueError where the backend, the device or the call cannot have
+            one), False for none. Defaults to `None`.
 
     Returns:
         `(outputs, weights)`: `(..., T, dv)` in the dtype of `value`, and `(..., T, S)` or
         None. Padded queries and queries that see no key get zero outputs and weights.
     """
-    kernel = kernel_for(implementation, mask, query, key, bias, return_weights)
+    kernel = kernel_for(implementation, mask, query, key, bias, return_weights, value=value,
+                        position_bias=position_bias, dropout_rate=dropout_rate,
+                        soft_cap=soft_cap, flash_attention=flash_attention)
+    if kernel == "fused":
+        outputs = fused_attention(query, key, value, mask, bias, position_bias, scale,
+                                  flash_attention)
+        return _hide_padded_queries(outputs, None, mask)
     if kernel not in ("dense", "linear", "local") and return_weights:
         raise ValueError(
             "Returning the attention weights (the op's `return_weights=True`, a layer's "
@@ -186,7 +233,7 @@ def attend(
     weights = None
     if kernel == "linear":
         outputs, weights = _linear(query, key, value, mask, bias, position_bias, dropout_rate,
-                                   scale, chunk_size, return_weights)
+                                   scale, chunk_size, return_weights, soft_cap)
     else:
         if scale is None:
             scale = 1.0 / math.sqrt(query.shape[-1])
@@ -199,30 +246,36 @@ def attend(
                                                     offset), lead_shape(query, key))
                 bias = dense if bias is None else ops.cast(bias, "float32") + dense
             outputs, weights = dense_attention(query, key, value, tile, bias, dropout_rate,
-                                               seed, return_weights is not False)
+                                               seed, return_weights is not False, soft_cap)
         elif kernel == "chunked":
             outputs = blockwise_attention(query, key, value, mask, bias, chunk_size,
-                                          query_chunk_size, position_bias, offset)
+                                          query_chunk_size, position_bias, offset, soft_cap)
         else:
             outputs = local_attention(query, key, value, mask, dropout_rate, seed,
                                       position_bias)
+    if len(outputs.shape) > rank:  # grouped heads back in one axis
+        outputs, weights = _merge_groups(outputs, heads), _merge_groups(weights, heads)
+    return _hide_padded_queries(outputs, weights, mask)
+
+
+def _hide_padded_queries(outputs, weights, mask):
+    """`(outputs, weights)` with zeros at the mask's padded queries (`query_valid`)."""
     query_valid = None if mask is None else mask.query_valid
     if query_valid is not None:
         rows = _expand_rows(query_valid, len(outputs.shape))  # (B, 1.., T, 1)
         outputs = ops.where(rows, outputs, ops.zeros_like(outputs))
         if weights is not None:
             weights = ops.where(rows, weights, ops.zeros_like(weights))
-    if len(outputs.shape) > rank:  # grouped heads back in one axis
-        outputs, weights = _merge_groups(outputs, heads), _merge_groups(weights, heads)
     return outputs, weights
 
 
 def _linear(query, key, value, mask, bias, position_bias, dropout_rate, scale, chunk_size,
-            return_weights):
-    """The linear kernel (not softmax attention: no scale, bias or dropout) on `(B, H, ·, ·)`
-    heads (a `(B, L, ·)` input is one head)."""
+            return_weights, soft_cap=None):
+    """The linear kernel (not softmax attention: no scale, bias, soft cap or dropout) on
+    `(B, H, ·, ·)` heads (a `(B, L, ·)` input is one head)."""
     refused = [name for name, value_ in (("bias", bias), ("position_bias", position_bias),
-                                         ("scale", scale)) if value_ is not None]
+                                         ("scale", scale), ("soft_cap", soft_cap))
+               if value_ is not None]
     if dropout_rate > 0.0:
         refused.append("dropout_rate")
     if refused:

@@ -30,7 +30,9 @@ from keras_attn.ops.kernels.common import (
     lay_out,
     lead_shape,
     matmul_minus_rows,
+    product,
     scores,
+    soft_capped,
     sum_to_shape,
 )
 from keras_attn.ops.kernels.dense import dense_attention
@@ -82,8 +84,9 @@ class _Blocks:
     """What the forward and backward passes share: block sizes, the mask, the bias."""
 
     def __init__(self, rank, mask, has_bias, position, offset, lead, chunk, num_key_blocks,
-                 q_chunk, num_query_blocks):
+                 q_chunk, num_query_blocks, soft_cap=None):
         self.rank = rank
+        self.soft_cap = soft_cap
         self.mask = mask
         self.has_bias = has_bias  # a bias tensor is the first extra input
         self.position = position  # a PositionBias, its parameters the other extra inputs
@@ -152,7 +155,8 @@ def _forward_rows(blocks, q_rows, k, v, extras, row_start):
         k_block = _slice(k, -2, col_start, blocks.chunk)  # (..., c, d)
         v_block = _slice(values, -2, col_start, blocks.chunk)  # (..., c, dv [+ 1])
         s = scores(q_rows, k_block, blocks.tile(row_start, rows, col_start),
-                   blocks.bias_tile(extras, row_start, rows, col_start))  # (..., rows, c)
+                   blocks.bias_tile(extras, row_start, rows, col_start),
+                   blocks.soft_cap)  # (..., rows, c)
         new_max = ops.maximum(row_max, ops.max(s, axis=-1, keepdims=True))  # (..., rows, 1)
         # Masked entries are exp(-1e30 - max) = 0 once a row has seen a real score; before
         # that they count 1 each, and the rescale exp(-1e30 - max) = 0 wipes them later.
@@ -192,8 +196,13 @@ def _backward_rows(blocks, q_rows, k, v, extras, d_out, delta, lse, row_start, c
         v_block = _slice(v, -2, col_start, blocks.chunk)  # (..., c, dv)
         tile = blocks.tile(row_start, rows, col_start)
         bias_tile = blocks.bias_tile(extras, row_start, rows, col_start)
-        # The block's weights, recomputed: exp(q kᵀ + bias - lse).
-        shifted = matmul_minus_rows(q_rows, k_block, lse, fold)  # (..., rows, c)
+        # The block's weights, recomputed: exp(q kᵀ + bias - lse) (q kᵀ soft-capped).
+        slope = None
+        if blocks.soft_cap is None:
+            shifted = matmul_minus_rows(q_rows, k_block, lse, fold)  # (..., rows, c)
+        else:
+            capped, slope = soft_capped(product(q_rows, k_block), blocks.soft_cap)
+            shifted = capped - lse
         if bias_tile is not None:
             shifted = shifted + bias_tile
         if tile is not None:
@@ -201,7 +210,8 @@ def _backward_rows(blocks, q_rows, k, v, extras, d_out, delta, lse, row_start, c
         probs = ops.exp(shifted)  # (..., rows, c)
         d_v = tuning.matmul_transposed(ops.cast(probs, d_out.dtype), d_out)  # (..., c, dv)
         d_scores = probs * matmul_minus_rows(d_out, v_block, delta, fold)  # (..., rows, c)
-        d_scores_q = ops.cast(d_scores, q_rows.dtype)
+        # Through the soft cap: d raw = d capped · (1 - tanh²).
+        d_scores_q = ops.cast(d_scores if slope is None else d_scores * slope, q_rows.dtype)
         dq_rows = dq_rows + ops.cast(tuning.matmul(d_scores_q, ops.cast(k_block, q_rows.dtype)),
                                      "float32")
         d_k = ops.cast(sum_to_shape(tuning.matmul_transposed(d_scores_q, q_rows), k.shape),
@@ -307,7 +317,7 @@ def _attention_fn(blocks):
 
 def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
                         chunk_size: int | None = None, query_chunk_size: int | None = None,
-                        position=None, offset=0):
+                        position=None, offset=0, soft_cap: float | None = None):
     """`softmax(q kᵀ + bias) v` in blocks of keys, never holding `(T, S)`.
 
     Args:
@@ -325,6 +335,8 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
         position: optional `keras_attn.ops.PositionBias`, added tile by tile (never `(T, S)`),
             its parameters differentiated tile by tile.
         offset: int or scalar tensor, the position of query 0 for `position`.
+        soft_cap: optional float `c`: the scores become `c · tanh(q kᵀ / c)` before the bias
+            and the mask. Defaults to `None`.
 
     Returns:
         Outputs `(..., T, dv)` in the dtype of `v`; rows with nothing to attend to are zero,
@@ -344,7 +356,7 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
         if position is not None:
             dense = lay_out(position.dense(query_len, key_len, offset), lead_shape(q, k))
             bias = dense if bias is None else ops.cast(bias, "float32") + dense
-        return dense_attention(q, k, v, tile, bias, return_weights=False)[0]
+        return dense_attention(q, k, v, tile, bias, return_weights=False, soft_cap=soft_cap)[0]
 
     num_key_blocks, key_pad = _blocks(key_len, chunk)
     query_pad, num_query_blocks = 0, None
@@ -363,7 +375,7 @@ def blockwise_attention(q, k, v, mask: AttentionMask | None = None, bias=None,
     if position is not None:  # variables read once, as inputs of the custom gradient
         extras += tuple(ops.copy(param) for param in position.params)
     blocks = _Blocks(rank, mask, bias is not None, position, offset, lead_shape(q, k), chunk,
-                     num_key_blocks, q_chunk, num_query_blocks)
+                     num_key_blocks, q_chunk, num_query_blocks, soft_cap)
     outputs = _attention_fn(blocks)(q, k, v, *extras)  # (..., T_pad, dv)
     if not (isinstance(query_pad, int) and query_pad == 0):
         outputs = _slice(outputs, -2, 0, query_len)  # (..., T, dv)

@@ -20,16 +20,35 @@ def score_operands(q, k):
     return q, k
 
 
-def scores(q, k, tile=None, bias=None):
-    """Float32 `q kᵀ (+ bias)`, `(..., r, c)`, with entries hidden by the boolean `tile` at
-    -1e30. `q` is already scaled."""
+def product(q, k):
+    """Float32 `q kᵀ`, `(..., r, c)`, of already scaled queries."""
     q, k = score_operands(q, k)
-    out = ops.cast(tuning.matmul(q, ops.swapaxes(k, -1, -2)), "float32")  # (..., r, c)
+    return ops.cast(tuning.matmul(q, ops.swapaxes(k, -1, -2)), "float32")  # (..., r, c)
+
+
+def soft_capped(raw, soft_cap):
+    """`(soft_cap · tanh(raw / soft_cap), 1 - tanh²)`: Gemma's capped scores and their
+    derivative with respect to `raw` (float32, `(..., r, c)`)."""
+    t = ops.tanh(raw / soft_cap)
+    return soft_cap * t, 1.0 - t * t
+
+
+def biased_and_masked(s, tile=None, bias=None):
+    """Float32 scores `s` plus `bias`, with entries hidden by the boolean `tile` at -1e30."""
     if bias is not None:
-        out = out + ops.cast(bias, "float32")
+        s = s + ops.cast(bias, "float32")
     if tile is not None:
-        out = ops.where(tile, out, MASK_VALUE)
-    return out
+        s = ops.where(tile, s, MASK_VALUE)
+    return s
+
+
+def scores(q, k, tile=None, bias=None, soft_cap=None):
+    """Float32 `q kᵀ` (soft-capped by `soft_cap`, then `+ bias`), `(..., r, c)`, with entries
+    hidden by the boolean `tile` at -1e30. `q` is already scaled."""
+    out = product(q, k)  # (..., r, c)
+    if soft_cap is not None:
+        out = soft_capped(out, soft_cap)[0]
+    return biased_and_masked(out, tile, bias)
 
 
 def append_column(x, value):

@@ -25,23 +25,29 @@ from keras import ops
 from keras_attn import tuning
 from keras_attn.ops.dropout import dropout, dropout_scale
 from keras_attn.ops.kernels.common import (
+    biased_and_masked,
     matmul_minus_rows,
+    product,
     rows_with_keys,
-    scores,
+    soft_capped,
     sum_to_shape,
 )
 from keras_attn.ops.softmax import softmax
 
 
-def _weights(q, k, tile, bias):
-    """Float32 weights `(..., T, S)`; rows that see no key softmax to uniform here, and the
-    caller zeroes them (their `has_keys` is False)."""
-    s = scores(q, k, tile, bias)  # (..., T, S)
-    return softmax(s, axis=-1), rows_with_keys(tile)
+def _weights(q, k, tile, bias, soft_cap=None):
+    """Float32 weights `(..., T, S)`, the rows that see a key (or None), and, with `soft_cap`,
+    the capped scores' derivative `1 - tanh²` (else None). Rows that see no key softmax to
+    uniform here, and the caller zeroes them (their `has_keys` is False)."""
+    s, slope = product(q, k), None  # (..., T, S)
+    if soft_cap is not None:
+        s, slope = soft_capped(s, soft_cap)
+    s = biased_and_masked(s, tile, bias)
+    return softmax(s, axis=-1), rows_with_keys(tile), slope
 
 
 def dense_attention(q, k, v, tile=None, bias=None, dropout_rate: float = 0.0, seed=None,
-                    return_weights: bool = True):
+                    return_weights: bool = True, soft_cap: float | None = None):
     """`softmax(q kᵀ + bias) v` with the weights in one piece.
 
     Args:
@@ -55,6 +61,8 @@ def dense_attention(q, k, v, tile=None, bias=None, dropout_rate: float = 0.0, se
         seed: the dropout's seed (int or `keras.random.SeedGenerator`).
         return_weights: bool: return the weights and let the backend differentiate, or keep
             them for the fused backward pass and return None.
+        soft_cap: optional float `c`: the scores become `c · tanh(q kᵀ / c)` before the bias
+            and the mask. Defaults to `None`.
 
     Returns:
         `(outputs, weights)`: `(..., T, dv)` in the dtype of `v`, and the float32-computed
@@ -62,20 +70,20 @@ def dense_attention(q, k, v, tile=None, bias=None, dropout_rate: float = 0.0, se
         nothing to attend to have zero weights and outputs.
     """
     if return_weights:
-        weights, has_keys = _weights(q, k, tile, bias)
+        weights, has_keys, _ = _weights(q, k, tile, bias, soft_cap)
         if has_keys is not None:
             weights = ops.where(has_keys, weights, 0.0)
         weights = ops.cast(weights, v.dtype)
         attended = dropout(weights, dropout_rate, seed=seed) if dropout_rate > 0.0 else weights
         return tuning.matmul(attended, v), weights  # (..., T, dv)
     extras = () if bias is None else (bias,)
-    return _fused(tile, dropout_rate, seed)(q, k, v, *extras), None
+    return _fused(tile, dropout_rate, seed, soft_cap)(q, k, v, *extras), None
 
 
-def _forward_backward(q, k, v, tile, bias, dropout_rate, seed):
+def _forward_backward(q, k, v, tile, bias, dropout_rate, seed, soft_cap=None):
     """The fused forward pass; returns the outputs and the function of the upstream gradient
-    that gives `(dq, dk, dv, d_scores)`."""
-    weights, has_keys = _weights(q, k, tile, bias)  # float32 (..., T, S)
+    that gives `(dq, dk, dv, d_scores)` (`d_scores` with respect to the biased scores)."""
+    weights, has_keys, slope = _weights(q, k, tile, bias, soft_cap)  # float32 (..., T, S)
     attended = ops.cast(weights, v.dtype)  # P, or D after dropout
     if dropout_rate > 0.0:
         attended = dropout(attended, dropout_rate, seed=seed)
@@ -101,7 +109,8 @@ def _forward_backward(q, k, v, tile, bias, dropout_rate, seed):
         else:
             fold = tuning.fold_row_terms(q, v) and not tuning.exceeds_block_budget(weights)
             d_scores = weights * matmul_minus_rows(d_out, v, delta, fold)  # (..., T, S)
-        d_scores_q = ops.cast(d_scores, q.dtype)
+        # Through the soft cap: d raw = d capped · (1 - tanh²).
+        d_scores_q = ops.cast(d_scores if slope is None else d_scores * slope, q.dtype)
         d_q = tuning.matmul(d_scores_q, ops.cast(k, q.dtype))  # (..., T, d)
         d_k = tuning.matmul_transposed(d_scores_q, q)  # (..., S, d)
         return (ops.cast(d_q, q.dtype), ops.cast(sum_to_shape(d_k, k.shape), k.dtype),
@@ -110,11 +119,11 @@ def _forward_backward(q, k, v, tile, bias, dropout_rate, seed):
     return outputs, backward
 
 
-def _fused(tile, dropout_rate, seed):
+def _fused(tile, dropout_rate, seed, soft_cap=None):
     @ops.custom_gradient
     def attend(q, k, v, *bias):
         outputs, backward = _forward_backward(q, k, v, tile, bias[0] if bias else None,
-                                              dropout_rate, seed)
+                                              dropout_rate, seed, soft_cap)
 
         def grad(*args, upstream=None):
             upstream = args[0] if upstream is None else upstream
