@@ -338,6 +338,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes (a CPU run)")
     parser.add_argument("--budget-gib", type=float, default=16.0,
                         help="the device memory a 16k causal-LM step should fit in")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds for the whole check: a worker that would start later "
+                             "than 30 s before it is skipped, one still running at it is "
+                             "stopped (its rows so far kept)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--long", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -354,15 +358,14 @@ def main(argv=None) -> int:
             command += ["--dry-run"] if args.dry_run else []
             env = dict(os.environ, KERAS_BACKEND=backend, XLA_PYTHON_CLIENT_PREALLOCATE="false",
                        TF_CPP_MIN_LOG_LEVEL="3")
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-            found = [json.loads(line[len(ROW):]) for line in done.stdout.splitlines()
-                     if line.startswith(ROW)]
-            if done.returncode != 0:
-                tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:160]
-                found.append({"part": "-", "backend": backend, "what": "worker",
-                              "keras_attn": "-", "reference": "-",
-                              "result": f"FAIL: exit {done.returncode}: {tail}"})
-            rows += found
+            left = None if args.deadline is None else args.deadline - (
+                time.perf_counter() - start)
+            if left is not None and left < 30:
+                rows.append({"part": "-", "backend": backend, "what": f"worker {extra}",
+                             "keras_attn": "-", "reference": "-",
+                             "result": "SKIPPED: the --deadline was near"})
+                continue
+            rows += run_worker(command, env, backend, left)
     print(f"# keras_attn GPU check ({'dry run, tiny shapes' if args.dry_run else 'full'}), "
           f"{time.perf_counter() - start:.0f} s, {gpu_name()}")
     print("| part | backend | what | keras_attn | reference | result |")
@@ -372,6 +375,38 @@ def main(argv=None) -> int:
                                                          "keras_attn", "reference",
                                                          "result")) + " |")
     return 1 if any(str(row["result"]).startswith("FAIL") for row in rows) else 0
+
+
+def run_worker(command: list, env: dict, backend: str, seconds: float | None) -> list:
+    """Run one worker, echoing its rows as they come (so a run stopped by its time limit
+    keeps them), stopped after `seconds`; its rows, and a FAIL row if it failed."""
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=errors,
+                                   text=True)
+        deadline = None if seconds is None else time.perf_counter() + seconds
+        for line in process.stdout:
+            if line.startswith(ROW):
+                print(line.rstrip(), file=sys.stderr, flush=True)
+                rows.append(json.loads(line[len(ROW):]))
+            if deadline is not None and time.perf_counter() > deadline:
+                process.kill()
+                break
+        try:
+            code = process.wait(timeout=None if deadline is None else max(
+                1.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = "stopped at the --deadline"
+        if code != 0:
+            errors.seek(0)
+            tail = (errors.read().strip().splitlines() or ["no output"])[-1][:160]
+            rows.append({"part": "-", "backend": backend, "what": "worker",
+                         "keras_attn": "-", "reference": "-",
+                         "result": f"FAIL: exit {code}: {tail}"})
+    return rows
 
 
 def gpu_name() -> str:
