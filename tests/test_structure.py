@@ -23,13 +23,16 @@ RANKS = {
     "keras_attn.data": 2,
     "keras_attn.metrics": 2,
     "keras_attn.viz": 2,
+    "keras_attn.recipes": 2,  # code that serves the examples (tiny checkpoints)
     "keras_attn.layers": 3,
     "keras_attn.models": 4,
     "keras_attn.decoding": 5,
     "keras_attn.checkpoints": 5,  # pretrained weights in: reads models (phase 2), never the reverse
-    "keras_attn.export": 6,
-    "keras_attn.export_generator": 6,
-    "keras_attn.distribute": 6,
+    "keras_attn.preprocessing": 6,  # tokenizers as layers (checkpoint tokenizers wrapped)
+    "keras_attn.export": 7,
+    "keras_attn.export_generator": 7,
+    "keras_attn.distribute": 7,
+    "keras_attn.tasks": 8,  # models used whole: backbone + preprocessor + sampler, on top
 }
 
 

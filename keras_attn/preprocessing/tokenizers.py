@@ -28,7 +28,14 @@ import os
 import keras
 
 from keras_attn._checks import check_bool, check_int, check_one_of
-from keras_attn.tokens import BOS_ID, EOS_ID, FIRST_WORD_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
+from keras_attn.tokens import (
+    BOS_ID,
+    EOS_ID,
+    FIRST_WORD_ID,
+    PAD_ID,
+    RESERVED_TOKENS,
+    UNK_ID,
+)
 
 # The files of a Hugging Face tokenizer that `load_tokenizer` reads.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
@@ -106,6 +113,18 @@ class Tokenizer(keras.layers.Layer):
 
     def compute_output_spec(self, *args, **kwargs):  # pragma: no cover - eager only
         raise NotImplementedError("Tokenizers run eagerly or inside tf.function.")
+
+
+def as_tokenizer(tokenizer) -> Tokenizer:
+    """`tokenizer` (a `Tokenizer` layer, or its config as a `.keras` file holds it) as a
+    `Tokenizer`; anything else is a ValueError naming `tokenizer`."""
+    if isinstance(tokenizer, dict):
+        tokenizer = keras.layers.deserialize(tokenizer)
+    if not isinstance(tokenizer, Tokenizer):
+        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+            "Argument `tokenizer` must be a keras_attn.preprocessing.Tokenizer "
+            f"(CharacterTokenizer, PretrainedTokenizer). Received: tokenizer={tokenizer!r}")
+    return tokenizer
 
 
 def as_string_tensor(name: str, texts):
