@@ -33,6 +33,15 @@ def _backbone_outputs(backbone) -> tuple[list[str], str]:
     return sorted(inputs), "pooled_output" if "pooled_output" in outputs else "first_token"
 
 
+def _max_sequence_length(backbone) -> int | None:
+    """The positions the backbone's embedding has (None: no bound)."""
+    for layer in backbone.layers:
+        embedding = getattr(layer, "embedding", None)
+        if embedding is not None:
+            return getattr(embedding, "max_sequence_length", None)
+    return None
+
+
 def _activation(activation):
     if activation in (None, "linear", keras.activations.linear):
         return None
@@ -88,6 +97,12 @@ class TextClassifier(Task):
                 f"Received: preprocessor={preprocessor!r}")
         activation = _activation(activation)
         check_rate("dropout", dropout)
+        positions = _max_sequence_length(backbone)
+        if preprocessor is not None and positions and preprocessor.sequence_length > positions:
+            raise ValueError(
+                "Argument `sequence_length` (the preprocessor's) must be at most the "
+                f"backbone's {positions} positions. Received: "
+                f"sequence_length={preprocessor.sequence_length}")
         inputs = {name: keras.Input((None,), dtype=INPUT_DTYPES[name], name=name)
                   for name in names}
         outputs = backbone(inputs)
@@ -122,7 +137,7 @@ class TextClassifier(Task):
             dtype: optional `"float32"`, `"bfloat16"` or `"float16"`. Defaults to the stored
                 weights'.
             sequence_length: int, ids per text, the template included; at most the
-                checkpoint's positions. Defaults to `128`.
+                checkpoint's positions (`max_position_embeddings`). Defaults to `128`.
             activation: None (logits) or `"softmax"`. Defaults to `None`.
             dropout: float, the head's dropout. Defaults to `0.1`.
             **kernel: attention kernel options (`implementation`, `chunk_size`,
@@ -150,13 +165,8 @@ class TextClassifier(Task):
                 f"Argument `directory` must hold a BERT checkpoint for a TextClassifier; "
                 f"{directory!r} holds a {spec.source} ({spec.task!r}). Causal language "
                 "models: keras_attn.tasks.CausalLM.from_pretrained.")
-        if sequence_length > spec.max_positions:
-            raise ValueError(
-                f"Argument `sequence_length` must be at most the checkpoint's "
-                f"{spec.max_positions} positions. Received: sequence_length={sequence_length}")
         if spec.task == "masked_lm":  # the encoder alone: no pooler, the MLM head left out
-            spec = spec.replace(task="encoder", pooler=False, head_activation=None,
-                                head_norm_eps=None)
+            spec = spec.replace(task="encoder", pooler=False)
             weights = {k: v for k, v in weights.items() if not k.startswith("mlm_head/")}
         backbone = build_model(spec, weights, dtype=dtype, **kernel)
         preprocessor = TextClassifierPreprocessor(PretrainedTokenizer(directory),
