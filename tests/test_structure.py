@@ -23,6 +23,7 @@ RANKS = {
     "keras_attn.data": 2,
     "keras_attn.metrics": 2,
     "keras_attn.viz": 2,
+    "keras_attn.recipes": 2,  # code that serves the examples (tiny checkpoints)
     "keras_attn.layers": 3,
     "keras_attn.models": 4,
     "keras_attn.decoding": 5,

@@ -4,14 +4,18 @@ models (`keras_attn.tasks`), with TensorFlow ops (imported when they first run).
 - `tokenizers`: `Tokenizer` (the interface), `CharacterTokenizer` (keras_attn's own
   vocabularies), `PretrainedTokenizer` (a Hugging Face checkpoint's files);
 - `causal_lm`: `CausalLMPreprocessor`, the special ids, the training layout and the prompt
-  layout of a causal language model.
+  layout of a causal language model;
+- `text_classifier`: `TextClassifierPreprocessor`, single texts in the tokenizer's template,
+  truncated and padded for an encoder (BERT).
 """
 
 from keras_attn.preprocessing.causal_lm import CausalLMPreprocessor
+from keras_attn.preprocessing.text_classifier import TextClassifierPreprocessor
 from keras_attn.preprocessing.tokenizers import (
     CharacterTokenizer,
     PretrainedTokenizer,
     Tokenizer,
 )
 
-__all__ = ["CausalLMPreprocessor", "CharacterTokenizer", "PretrainedTokenizer", "Tokenizer"]
+__all__ = ["CausalLMPreprocessor", "CharacterTokenizer", "PretrainedTokenizer",
+           "TextClassifierPreprocessor", "Tokenizer"]

@@ -11,7 +11,11 @@ from __future__ import annotations
 import keras
 
 from keras_attn._checks import check_int
-from keras_attn.preprocessing.tokenizers import Tokenizer, as_string_tensor
+from keras_attn.preprocessing.tokenizers import (
+    Tokenizer,
+    as_string_tensor,
+    as_tokenizer,
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -46,12 +50,7 @@ class CausalLMPreprocessor(keras.layers.Layer):
     def __init__(self, tokenizer: Tokenizer, sequence_length: int = 512, **kwargs):
         kwargs.setdefault("trainable", False)
         super().__init__(**kwargs)
-        if isinstance(tokenizer, dict):
-            tokenizer = keras.layers.deserialize(tokenizer)
-        if not isinstance(tokenizer, Tokenizer):
-            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
-                "Argument `tokenizer` must be a keras_attn.preprocessing.Tokenizer "
-                f"(CharacterTokenizer, PretrainedTokenizer). Received: tokenizer={tokenizer!r}")
+        tokenizer = as_tokenizer(tokenizer)
         check_int("sequence_length", sequence_length, 2)
         self.tokenizer, self.sequence_length = tokenizer, int(sequence_length)
         self.built = True

@@ -115,6 +115,18 @@ class Tokenizer(keras.layers.Layer):
         raise NotImplementedError("Tokenizers run eagerly or inside tf.function.")
 
 
+def as_tokenizer(tokenizer) -> Tokenizer:
+    """`tokenizer` (a `Tokenizer` layer, or its config as a `.keras` file holds it) as a
+    `Tokenizer`; anything else is a ValueError naming `tokenizer`."""
+    if isinstance(tokenizer, dict):
+        tokenizer = keras.layers.deserialize(tokenizer)
+    if not isinstance(tokenizer, Tokenizer):
+        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+            "Argument `tokenizer` must be a keras_attn.preprocessing.Tokenizer "
+            f"(CharacterTokenizer, PretrainedTokenizer). Received: tokenizer={tokenizer!r}")
+    return tokenizer
+
+
 def as_string_tensor(name: str, texts):
     """`texts` (a str, list of str, NumPy strings or a string tensor) as a string tensor of rank
     1; nested lists and numbers are a ValueError naming `name`."""

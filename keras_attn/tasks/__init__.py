@@ -4,9 +4,11 @@ and SavedModel export. The free functions below them (`keras_attn.decoding.gener
 `keras_attn.checkpoints.from_pretrained`, the exporters) stay the low-level layer.
 
 - `CausalLM`: Llama, Mistral, Qwen2, GPT-2 checkpoints and keras_attn's own language models.
+- `TextClassifier`: BERT checkpoints with a classification head; `fit` on (strings, labels).
 """
 
 from keras_attn.tasks.causal_lm import CausalLM
 from keras_attn.tasks.task import Task
+from keras_attn.tasks.text_classifier import TextClassifier
 
-__all__ = ["CausalLM", "Task"]
+__all__ = ["CausalLM", "Task", "TextClassifier"]

@@ -72,6 +72,18 @@ class Task(keras.Model):
         x, y, batch_size = self._preprocess(x, y, batch_size, "evaluate")
         return super().evaluate(x, y, batch_size=batch_size, **kwargs)
 
+    def predict(self, x, batch_size=None, **kwargs):
+        """`keras.Model.predict`; raw text goes through the preprocessor."""
+        x, _, batch_size = self._preprocess(x, None, batch_size, "predict")
+        return super().predict(x, batch_size=batch_size, **kwargs)
+
+    def compile_from_config(self, config):
+        """Compile a loaded model as it was saved (Keras skips models whose `compile` is
+        their own), so that training continues with the same optimizer and loss."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
     def get_config(self):
         return {
             "backbone": keras.layers.serialize(self.backbone),
