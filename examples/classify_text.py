@@ -36,7 +36,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from example_utils import check_run_dirs, clear_export_dir, import_tensorflow_quietly
+from example_utils import (
+    HelpFormatter,
+    check_run_dirs,
+    clear_export_dir,
+    fit_verbosity,
+    import_tensorflow_quietly,
+    positive,
+)
 
 DEFAULT_DATA = os.path.normpath(os.path.join(
     os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "shared", "data",
@@ -48,18 +55,7 @@ EXAMPLES = ["The weather is lovely today.", "Il fait très beau aujourd'hui.",
             "Where did you put my keys?", "Je ne sais pas où sont mes clés."]
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
-                     argparse.RawDescriptionHelpFormatter):
-    """Every option's default shown (unless its help says it, it has none or it is a flag);
-    the description's lines kept as written."""
-
-    def _get_help_string(self, action):
-        if "(default" in (action.help or "") or action.default is None or action.nargs == 0:
-            return action.help
-        return super()._get_help_string(action)
-
-
-def _positive(kind):
+def _positive(kind):  # integer counts (the float options take example_utils.positive)
     def parse(text: str):
         value = kind(text)
         if not value > 0:
@@ -70,7 +66,7 @@ def _positive(kind):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=_HelpFormatter,
+                                     formatter_class=HelpFormatter,
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:3]))
     parser.add_argument("checkpoint", nargs="?", default=None,
                         help="a Hugging Face BERT directory (default: a tiny BERT built "
@@ -90,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="passes over the training texts")
     parser.add_argument("--batch-size", type=_positive(int), default=32,
                         help="texts per training step")
-    parser.add_argument("--learning-rate", type=_positive(float), default=None,
+    parser.add_argument("--learning-rate", type=positive, default=None,
                         help="Adam's rate (default: 5e-5, keras-hub's, for a given "
                              "checkpoint; 1e-3 for the tiny BERT trained from random "
                              "weights)")
@@ -229,7 +225,7 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     history = classifier.fit(*splits["train"], batch_size=args.batch_size, epochs=args.epochs,
                              validation_data=splits["validation"],
-                             verbose=1 if sys.stdout.isatty() else 2)
+                             verbose=fit_verbosity())
     train_seconds = time.perf_counter() - start
     after = classifier.evaluate(*test, batch_size=args.batch_size, verbose=0)
     print(f"test accuracy after fine-tuning:  {after[1]:.4f} (loss {after[0]:.4f}), "

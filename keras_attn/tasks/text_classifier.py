@@ -3,12 +3,10 @@ class logits out, `fit` on `(strings, labels)`, `.keras` and SavedModel export."
 
 from __future__ import annotations
 
-import os
-
 import keras
 import numpy as np
 
-from keras_attn._checks import as_int, check_rate
+from keras_attn._checks import as_int, check_new_directory, check_rate
 from keras_attn.preprocessing import PretrainedTokenizer, TextClassifierPreprocessor
 from keras_attn.tasks.task import Task, is_text
 
@@ -317,7 +315,7 @@ class TextClassifier(Task):
         """
         import tensorflow as tf
 
-        filepath = _check_new_directory("filepath", filepath)
+        filepath = check_new_directory("filepath", filepath)
         if self.preprocessor is None:
             raise ValueError("TextClassifier.export writes a signature that takes strings: it "
                              "needs the preprocessor (build the classifier with one, e.g. "
@@ -347,23 +345,6 @@ class TextClassifier(Task):
         config.update({"num_classes": self.num_classes, "activation": self.activation,
                        "dropout": self.dropout})
         return config
-
-
-def _check_new_directory(name: str, value) -> str:
-    """`value` as a path where a directory may be written without replacing anything (new, or
-    an empty directory); else the ValueError naming `name`."""
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise ValueError(f"Received an invalid value for argument `{name}`, expected the path "
-                         f"of a directory to write. Received: {name}={value!r}")
-    path = os.fspath(value)
-    if os.path.exists(path) and not (os.path.isdir(path) and not os.listdir(path)):
-        found = ("is a file" if not os.path.isdir(path)
-                 else f"holds {sorted(os.listdir(path))[:8]}")
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected a new or empty "
-            f"directory: nothing already there is replaced. Received: {name}={value!r}, which "
-            f"{found}")
-    return path
 
 
 def _resources(tokenizer) -> list:
