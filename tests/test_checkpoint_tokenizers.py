@@ -33,8 +33,9 @@ SAMPLE = [
     "<s>hello</s> <unk>", "<|endoftext|>text<|endoftext|>", "<|im_start|>user\nhi<|im_end|>",
     "[CLS] a [SEP] [MASK]", "<|begin_of_text|>Hi<|eot_id|>",
     "The Time Traveller (for so it will be convenient to speak of him) was expounding",
+    "a\x00b", "\x00", "x \x00 y\x00\x00z", "<|endoftext|>\x00<s>", "[CLS]\x00 \x00[SEP]",
 ]
-ALPHABET = list(" \n\t\r\u00a0\u3000\u2009abcXYZ019'’.,!?-_éü\u0301日本😀👍🏽\u200b<>|/sS") + [
+ALPHABET = list(" \n\t\r\u00a0\u3000\u2009abcXYZ019'’.,!?-_éü\u0301日本😀👍🏽\u200b<>|/sS\x00") + [
     "'s", "'T", "  ", "\n\n", "<s>", "</s>", "<|endoftext|>", "[CLS]", "<|im_end|>", "Σ"]
 KINDS = ("gpt2", "llama3", "qwen2", "sentencepiece", "sentencepiece_legacy", "wordpiece",
          "wordpiece_cased")
@@ -119,6 +120,41 @@ def test_special_tokens_and_templates():
     assert bert.decode([ids]).numpy()[0] == b"a"
     assert bert.decode([ids], skip_special_tokens=False).numpy()[0] == b"[CLS] a [SEP]"
     assert bert.decode(tf.constant([[ids[1], 10**6, -3]])).numpy()[0] == b"a"  # unknown ids
+
+
+def test_nul_characters_do_not_end_the_text(tmp_path):
+    # tensorflow-text's regex_split and tf.strings.lower stop at NUL: "a\x00b" was GPT-2's [64]
+    texts = ["a\x00b", "\x00", "A\x00B c\x00\x00D", "\x00\x00x\x00", "Σ\x00É"]
+    for kind in ("gpt2", "llama3", "sentencepiece", "wordpiece"):
+        reference = Tokenizer.from_file(os.path.join(fx.tokenizer_dir(kind), "tokenizer.json"))
+        ours = load_tokenizer(fx.tokenizer_dir(kind)).encode(texts).to_list()
+        assert ours == [e.ids for e in reference.encode_batch(texts)], kind
+
+    def keep_nul(spec):  # BERT's normalizer without clean_text keeps NUL for lowercasing
+        spec["normalizer"]["clean_text"] = False
+
+    assert_like_the_tokenizers_library(edited_copy(tmp_path, "wordpiece", keep_nul),
+                                       texts + SAMPLE, random_ids=0)
+
+
+def test_bad_texts_and_ids_are_refused():
+    tokenizer = load_tokenizer(fx.tokenizer_dir("gpt2"))
+    for texts in ([["hello", "world"]], [[["a"]]], tf.ragged.constant([["a"], ["b", "c"]]),
+                  [1, 2], [b"ok", b"\xff\xfe not utf-8"], ["ok", None]):
+        with pytest.raises(ValueError, match="`texts`"):
+            tokenizer.encode(texts)
+    a = tokenizer.encode(["a"], add_special_tokens=False).to_list()[0][0]
+    for ids in ([[float(a)]], tf.constant([[a + 0.7]]), [a, a], [[[a]]], [[True]], [["a"]],
+                tf.constant([a])):
+        with pytest.raises(ValueError, match="`ids`"):
+            tokenizer.decode(ids)
+    # int64 ids past int32 are outside the vocabulary (dropped), not wrapped onto `a`
+    assert tokenizer.decode(tf.constant([[a, 2 ** 32 + a, -(2 ** 32) + a]], tf.int64)).numpy()[
+        0] == b"a"
+    assert tokenizer.decode([[]]).numpy().tolist() == [b""]
+    assert tokenizer.decode([]).numpy().tolist() == []
+    with pytest.raises(ValueError, match="`skip_special_tokens`"):
+        tokenizer.decode([[a]], skip_special_tokens=tf.constant(True))
 
 
 REFUSALS = [

@@ -117,6 +117,18 @@ class SentencePieceTokenizer(CheckpointTokenizer):
         return self._model.tokenize(segments)
 
     def _decode_ids(self, ids):
+        # Byte tokens as their bytes: right wherever every run of them is valid UTF-8, which
+        # is when the rows are (the other tokens are whole characters); else run by run.
+        joined = tf.strings.reduce_join(tf.gather(self._texts, ids), axis=1)  # (B,)
+        valid = tf.equal(tf.strings.unicode_transcode(
+            joined, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD,
+            replace_control_characters=False), joined)
+        text = tf.cond(tf.reduce_all(valid), lambda: joined, lambda: self._decode_runs(ids))
+        return tf.strings.regex_replace(text, "^ ", "")
+
+    def _decode_runs(self, ids):
+        """Ids `(B, None)` -> text `(B,)` (before `Strip`), a run of byte tokens decoded as
+        UTF-8, or as one U+FFFD per byte when invalid (`ByteFallback`)."""
         texts, is_byte = tf.gather(self._texts, ids), tf.gather(self._is_byte, ids)  # (B, T)
         flat_bytes, flat_texts = is_byte.flat_values, texts.flat_values
         # runs of byte tokens: a run starts at a byte token not preceded by one in its row
@@ -140,8 +152,7 @@ class SentencePieceTokenizer(CheckpointTokenizer):
         run_text = tf.concat([run_text, tf.constant([""])], axis=0)
         pieces = tf.where(starts, tf.gather(run_text, tf.maximum(run, 0)),
                           tf.where(flat_bytes, "", flat_texts))
-        text = tf.strings.reduce_join(ids.with_flat_values(pieces), axis=1)
-        return tf.strings.regex_replace(text, "^ ", "")
+        return tf.strings.reduce_join(ids.with_flat_values(pieces), axis=1)
 
 
 def sentencepiece_tokenizer(directory: str, spec: dict | None) -> SentencePieceTokenizer:

@@ -29,6 +29,7 @@ from keras_attn.checkpoints.tokenizer_base import (
     expect_component,
     read_json,
     refuse_tokenizer,
+    split_keeping,
 )
 from keras_attn.checkpoints.tokenizer_bpe import WS
 
@@ -48,6 +49,17 @@ NORMALIZER_KEYS = {"type", "clean_text", "handle_chinese_chars", "strip_accents"
 
 def _literal(text: str) -> str:
     return "".join(f"\\x{{{ord(c):x}}}" for c in text)
+
+
+def _lower(text: tf.Tensor) -> tf.Tensor:
+    """`tf.strings.lower` (UTF-8) of every piece between NUL characters, which it would end
+    the text at (`clean_text=False` keeps them)."""
+    pieces = tf.strings.split(text, sep="\x00")  # (N, P)
+    last = tf.equal(tf.ragged.range(pieces.row_lengths()).flat_values,
+                    tf.gather(pieces.row_lengths() - 1, pieces.value_rowids()))
+    nul = tf.where(last, "", tf.constant(b"\x00"))  # a NUL tensor: an attribute would end at it
+    lowered = tf.strings.join([tf.strings.lower(pieces.flat_values, encoding="utf-8"), nul])
+    return tf.strings.reduce_join(pieces.with_flat_values(lowered), axis=1)
 
 
 def _from_vocab_txt(directory: str) -> dict:
@@ -128,13 +140,11 @@ class WordPieceTokenizer(CheckpointTokenizer):
             text = tf.strings.regex_replace(tf_text.normalize_utf8(text, "NFD"), r"\p{Mn}", "")
         if self._lowercase:  # per character: no final sigma (ICU's lower has one)
             text = tf.strings.regex_replace(text, "\u0130", "i\u0307")
-            text = tf.strings.lower(tf.strings.regex_replace(text, "\u03a3", "\u03c3"),
-                                    encoding="utf-8")
+            text = _lower(tf.strings.regex_replace(text, "\u03a3", "\u03c3"))
         return text
 
     def _encode_segments(self, segments, first):
-        delimiters = f"[{WS}]+|{PUNCTUATION}"
-        words = tf_text.regex_split(self._normalize(segments), delimiters, PUNCTUATION)
+        words = split_keeping(self._normalize(segments), PUNCTUATION, dropped=f"[{WS}]+")
         flat = words.flat_values  # (W,)
         too_long = tf.strings.length(flat, unit="UTF8_CHAR") > self._max_chars
         ids = self._wordpiece.tokenize(tf.where(too_long, self._unk, flat))  # (W, None)
