@@ -73,6 +73,10 @@ class BytePairMerger(tf.Module):
             turns it off (the attribute `cache_size` is read when `merge` is traced).
             Defaults to `65536`.
 
+    The attribute `inconsistent` counts the merges that a lower-ranked merge of their own
+    result can undercut (rule 1 takes those at one place per round; trained merge lists
+    have none).
+
     Example:
     >>> merger = BytePairMerger({"a": 0, "b": 1, "ab": 2, ...}, ["a b"], byte_tokens)
     >>> merger.merge(tf.constant(["abab"])).to_list()  # [[2, 2]]
@@ -99,6 +103,8 @@ class BytePairMerger(tf.Module):
             consistent[rank] = first_use.get(result, count) > rank
         self._merged = tf.constant(merged, tf.int32)
         self._consistent = tf.constant(consistent)
+        # merges some lower-ranked merge of their result undercuts: one place per round
+        self.inconsistent = sum(not consistent[rank] for rank, _ in ranks.values())
         pairs = _pair_table(ranks, vocab, count)  # (u, v) -> [rank, left bound, right bound]
         keys = tf.constant(list(pairs), tf.int64, shape=[len(pairs)])
         packed = tf.constant([rank | left << _BITS | right << 2 * _BITS
@@ -145,6 +151,10 @@ class BytePairMerger(tf.Module):
         return place_rows(parts, tf.size(words, tf.int64))
 
     # --- the cache ------------------------------------------------------------------------
+
+    def cached(self) -> tf.Tensor:
+        """How many words the cache holds: int64 scalar."""
+        return self._cache.size()
 
     def _keys(self, words):
         return tf.bitcast(tf.fingerprint(words), tf.int64)  # (W, 8) uint8 -> (W,)
