@@ -229,8 +229,6 @@ class BytePairMerger(tf.Module):
         infinite = tf.fill([1], none)
         rank = tf.concat([field(0), infinite], 0)
         mergeable = rank < none  # (N,) pair i has a merge (the last of a row never)
-        start = tf.concat([[True], ~same], 0)  # (N,) ids[i] starts its word
-        end = tf.concat([~same, [True]], 0)
         # rule 1: the lowest rank of each word, everywhere (runs paired from their left end)
         lowest = tf.gather(tf.math.unsorted_segment_min(rank, rows, words), rows)
         candidate = mergeable & tf.equal(rank, lowest)
@@ -239,21 +237,30 @@ class BytePairMerger(tf.Module):
         run_start = candidate & ~tf.concat([[False], candidate[:-1]], 0)
         run = tf.maximum(tf.cumsum(tf.cast(run_start, tf.int32)) - 1, 0)
         offset = position - tf.gather(_starts(run_start), run)  # in its run of candidates
-        leftmost = tf.equal(position, tf.gather(tf.math.unsorted_segment_min(
-            tf.where(candidate, position, tf.size(ids)), rows, words), rows))
-        chosen = candidate & tf.where(consistent, offset % 2 == 0, leftmost)
-        # rule 2: pairs nothing can reach before their rank, walks of `depth` tokens
+        chosen = offset % 2 == 0
+        if self.inconsistent:  # an inconsistent lowest merge: its leftmost place only
+            leftmost = tf.equal(position, tf.gather(tf.math.unsorted_segment_min(
+                tf.where(candidate, position, tf.size(ids)), rows, words), rows))
+            chosen = tf.where(consistent, chosen, leftmost)
+        chosen &= candidate
+        # rule 2: pairs nothing can reach before their rank. The walk left of pair i passes
+        # token ids[i - s] (s < depth) if the pair before it ranks after rank[i], and stops
+        # there if no token ending with ids[i - s - 1] merges with it below rank[i] (left
+        # bound); the same to the right. `none` across words and past the ends stops a walk.
         left_bound = tf.concat([infinite, field(1)], 0)  # (N,) of pair (ids[i - 1], ids[i])
         right_bound = tf.concat([field(2), infinite], 0)  # (N,) of pair (ids[i], ids[i + 1])
+        size = tf.size(ids)
+
+        def at(values):  # values[i + offset] for every i (`none` past the ends)
+            padded = tf.concat([tf.fill([depth + 1], none), values, tf.fill([depth + 1], none)],
+                               0)
+            return lambda offset: padded[depth + 1 + offset:depth + 1 + offset + size]
+
+        rank_at, left_at, right_at = at(rank), at(left_bound), at(right_bound)
         left_ok = right_ok = tf.zeros_like(mergeable)
-        for step in range(depth, 0, -1):  # innermost (farthest) first
-            j = 1 - step  # the walk is at ids[i + j], the left token of pair i is ids[i]
-            left_ok = _shift(start, j, True) | (
-                (_shift(rank, j - 1, 0) > rank)
-                & ((_shift(left_bound, j, 0) > rank) | left_ok))
-            k = step  # the walk is at ids[i + k], the right token of pair i is ids[i + 1]
-            right_ok = _shift(end, k, True) | (
-                (_shift(rank, k, 0) > rank) & ((_shift(right_bound, k, 0) > rank) | right_ok))
+        for step in range(depth - 1, -1, -1):  # the farthest token first
+            left_ok = (rank_at(-step - 1) > rank) & ((left_at(-step) > rank) | left_ok)
+            right_ok = (rank_at(step + 1) > rank) & ((right_at(step + 1) > rank) | right_ok)
         chosen |= mergeable & consistent & left_ok & right_ok
         merged = tf.where(chosen, tf.gather(self._merged, tf.minimum(rank, none - 1)), ids)
         keep = ~tf.concat([[False], chosen[:-1]], 0)  # the right token of a merged pair goes
@@ -265,16 +272,6 @@ def _starts(flags):
     """Positions of the True entries of `flags` `(N,)`, with one 0 after them (so that a
     gather of index 0 is valid when there is none)."""
     return tf.concat([tf.cast(tf.where(flags)[:, 0], tf.int32), [0]], 0)
-
-
-def _shift(values, offset: int, fill):
-    """`values[i + offset]` for every i, `fill` outside the tensor."""
-    if offset == 0:
-        return values
-    pad = tf.fill([abs(offset)], tf.constant(fill, values.dtype))
-    if offset > 0:  # (the offset may exceed the size)
-        return tf.concat([values, pad], 0)[offset:offset + tf.size(values)]
-    return tf.concat([pad, values], 0)[:tf.size(values)]
 
 
 def _pair_table(ranks: dict, vocab: dict[str, int], none: int) -> dict[int, list[int]]:
