@@ -19,6 +19,13 @@ from keras_attn.checkpoints.tokenizer_lengths import (
     read_truncation,
     truncate_ids,
 )
+from keras_attn.checkpoints.tokenizer_ragged import (
+    around,
+    keep_values,
+    nested,
+    place_rows,
+    row_positions,
+)
 
 # Bytes that never occur in UTF-8 text: a boundary marker inside a graph.
 MARK = b"\xff"
@@ -69,24 +76,7 @@ def split_keeping(texts: tf.Tensor, pattern: str, dropped: str | None = None) ->
     pattern = f"({pattern})" if dropped is None else f"{dropped}|({pattern})"
     fenced = tf.strings.regex_replace(texts, pattern, MARK + b"\\1" + MARK)
     pieces = tf.strings.split(fenced, sep=MARK)
-    return tf.ragged.boolean_mask(pieces, tf.strings.length(pieces) > 0)
-
-
-def place_rows(parts: list, count) -> tf.RaggedTensor:
-    """Rows given in pieces, put in order: `parts` is a list of `(row indices (k,), values,
-    values per row (k,))` that together name every row at most once; returns `(count, None)`,
-    a row no part names empty. (Dense ops: a gather of ragged rows traces to many more.)"""
-    index = tf.concat([tf.cast(part[0], tf.int64) for part in parts], 0)  # (K,)
-    values = tf.concat([part[1] for part in parts], 0)  # (N,)
-    lengths = tf.concat([tf.cast(part[2], tf.int64) for part in parts], 0)  # (K,)
-    splits = tf.concat([[0], tf.cumsum(tf.math.unsorted_segment_sum(lengths, index, count))], 0)
-    ends = tf.cumsum(lengths)  # of each given row in `values`
-    position = tf.range(tf.size(values, tf.int64))
-    source = tf.searchsorted(ends, position, side="right")  # (N,) its given row
-    target = tf.gather(splits, tf.gather(index, source)) + position - tf.gather(
-        ends - lengths, source)
-    placed = tf.scatter_nd(target[:, None], values, tf.shape(values, tf.int64))
-    return tf.RaggedTensor.from_row_splits(placed, splits, validate=False)
+    return keep_values(pieces, tf.strings.length(pieces.flat_values) > 0)
 
 
 def _token_content(value):
@@ -160,6 +150,7 @@ class CheckpointTokenizer(tf.Module):
         super().__init__(name=name)
         self.kind = kind
         self.truncation = None if truncation is None else dict(truncation)
+        self._functions = _Functions()
         self.padding = None if padding is None else dict(padding)
         self.tokens = list(tokens)
         self.vocab_size = len(tokens)
@@ -226,14 +217,15 @@ class CheckpointTokenizer(tf.Module):
         """Split out added tokens: segments `(B, S)`, their added ids (-1: plain text) and
         whether each segment starts its text."""
         if self._added_table is None:
-            segments = tf.RaggedTensor.from_tensor(texts[:, None])  # (B, 1)
-            segments = tf.ragged.boolean_mask(segments, tf.strings.length(segments) > 0)
+            nonempty = tf.strings.length(texts) > 0
+            segments = tf.RaggedTensor.from_row_lengths(tf.boolean_mask(texts, nonempty), tf.cast(
+                nonempty, tf.int64), validate=False)  # (B, 0 or 1)
         else:
             segments = split_keeping(texts, self._added_pattern)  # (B, S)
         flat = segments.flat_values
         added = (self._added_table.lookup(flat) if self._added_table is not None
                  else tf.fill(tf.shape(flat), -1))
-        return segments, added, tf.equal(tf.ragged.range(segments.row_lengths()).flat_values, 0)
+        return segments, added, tf.equal(row_positions(segments), 0)
 
     @tf.autograph.experimental.do_not_convert  # graph control flow is explicit: tracing
     def encode(self, texts, add_special_tokens: bool = True, truncate: bool = True,
@@ -260,30 +252,40 @@ class CheckpointTokenizer(tf.Module):
                             ("pad", pad)):
             check_bool(name, value)
         texts = _texts_batch(texts)
-        segments, added_ids, first = self._segments(texts)
+        if tf.executing_eagerly():  # one traced graph per option set, not op by op
+            return self._compiled(("encode", add_special_tokens, truncate, pad), lambda t: (
+                self._encode(t, add_special_tokens, truncate, pad)), _TEXTS)(texts)
+        return self._encode(texts, add_special_tokens, truncate, pad)
+
+    def _encode(self, texts, add_special_tokens, truncate, pad):
+        segments, added_ids, first = self._segments(texts)  # (B, S)
         plain = added_ids < 0
         encoded = self._encode_segments(tf.boolean_mask(segments.flat_values, plain),
                                         tf.boolean_mask(first, plain))
-        added_rows = tf.RaggedTensor.from_row_lengths(
-            tf.boolean_mask(added_ids, ~plain), tf.ones_like(tf.boolean_mask(added_ids, ~plain),
-                                                             tf.int64))
-        position = tf.concat([tf.where(plain)[:, 0], tf.where(~plain)[:, 0]], axis=0)
-        rows = tf.gather(tf.concat([tf.cast(encoded, tf.int32), added_rows], axis=0),
-                         tf.argsort(position))  # (N, None) back in text order
-        ids = tf.RaggedTensor.from_row_splits(rows, segments.row_splits).merge_dims(1, 2)
+        added = tf.boolean_mask(added_ids, ~plain)
+        rows = place_rows([(tf.where(plain)[:, 0], tf.cast(encoded.flat_values, tf.int32),
+                            encoded.row_lengths()),
+                           (tf.where(~plain)[:, 0], added, tf.ones_like(added, tf.int64))],
+                          tf.size(added_ids, tf.int64))  # (B * S, None) in text order
+        ids = nested(segments, rows)  # (B, None)
         if truncate and self.truncation is not None:
             special = int(self._prefix.shape[0] + self._suffix.shape[0])
             ids = truncate_ids(ids, self.truncation, special if add_special_tokens else 0)
         if add_special_tokens:
-            batch = tf.shape(texts)[:1]
-            prefix = tf.RaggedTensor.from_tensor(tf.tile(self._prefix[None], tf.concat(
-                [batch, [1]], 0)))
-            suffix = tf.RaggedTensor.from_tensor(tf.tile(self._suffix[None], tf.concat(
-                [batch, [1]], 0)))
-            ids = tf.concat([prefix, ids, suffix], axis=1)
+            ids = around(ids, self._prefix, self._suffix)
         if pad and self.padding is not None:
             ids = pad_ids(ids, self.padding)
         return ids
+
+    def _compiled(self, key, function, *signature):
+        """`function` traced once per `key` for the tensors of `signature` (a concrete
+        function: the cheapest call), kept where a SavedModel of the tokenizer does not
+        look."""
+        functions = self._functions.functions
+        if key not in functions:
+            functions[key] = tf.function(function, input_signature=signature,
+                                         autograph=False).get_concrete_function()
+        return functions[key]
 
     @tf.autograph.experimental.do_not_convert  # without autograph takes seconds less
     def decode(self, ids, skip_special_tokens: bool = True) -> tf.Tensor:
@@ -301,11 +303,36 @@ class CheckpointTokenizer(tf.Module):
         """
         check_bool("skip_special_tokens", skip_special_tokens)
         ids = _ids_batch(ids)  # int64: an id past int32 is outside, not wrapped into it
-        ids = tf.cast(tf.ragged.boolean_mask(ids, (ids >= 0) & (ids < self.vocab_size)),
-                      tf.int32)
+        if tf.executing_eagerly():
+            return self._compiled(("decode", skip_special_tokens), lambda values, splits: (
+                self._decode(tf.RaggedTensor.from_row_splits(values, splits, validate=False),
+                             skip_special_tokens)), _IDS, _IDS)(ids.flat_values, ids.row_splits)
+        return self._decode(ids, skip_special_tokens)
+
+    def _decode(self, ids, skip_special_tokens):
+        flat = ids.flat_values  # (N,) int64
+        inside = (flat >= 0) & (flat < self.vocab_size)
+        flat = tf.cast(tf.where(inside, flat, 0), tf.int32)
         dropped = tf.gather(self._dropped_if_special if skip_special_tokens else self._holes,
-                            ids)
-        return self._decode_ids(tf.ragged.boolean_mask(ids, ~dropped))
+                            flat)
+        return self._decode_kept(ids.with_flat_values(flat), inside & ~dropped)
+
+    def _decode_kept(self, ids: tf.RaggedTensor, keep: tf.Tensor) -> tf.Tensor:
+        """Ids `(B, None)` of the vocabulary and which of them are decoded `(N,)` -> strings
+        `(B,)`."""
+        return self._decode_ids(keep_values(ids, keep))
+
+
+_TEXTS = tf.TensorSpec([None], tf.string)
+_IDS = tf.TensorSpec([None], tf.int64)  # the values and row splits of ids (B, None)
+
+
+class _Functions:
+    """The traced functions of a tokenizer's eager calls: a plain object, so that `tf.Module`
+    tracks (and a SavedModel saves) none of them."""
+
+    def __init__(self):
+        self.functions = {}
 
 
 def _texts_batch(texts) -> tf.Tensor:
@@ -348,14 +375,16 @@ def _utf8_checked(texts: tf.Tensor) -> tf.Tensor:
 def _ids_batch(ids) -> tf.RaggedTensor:
     """`decode`'s `ids` as an int64 `tf.RaggedTensor` `(B, None)`, or a ValueError."""
     if isinstance(ids, (list, tuple)):
-        if not ids:
-            return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64),
-                                                    tf.zeros([0], tf.int64))
-        try:
-            ids = tf.ragged.constant(ids)
-        except (TypeError, ValueError) as error:
+        rows = [row.tolist() if isinstance(row, np.ndarray) else row for row in ids]
+        flat = [x for row in rows if isinstance(row, (list, tuple)) for x in row]
+        values = np.asarray(flat if flat else np.zeros([0], np.int64))
+        if (not all(isinstance(row, (list, tuple)) for row in rows) or values.ndim != 1
+                or values.dtype.kind not in "iu"):  # (much faster than tf.ragged.constant)
             raise ValueError("Argument `ids` must be a batch of token id sequences (a list of "
-                             f"lists of int). Received: ids={ids!r:.200}") from error
+                             f"lists of int; floats are not truncated to ids). Received: "
+                             f"ids={ids!r:.200}")
+        return tf.RaggedTensor.from_row_lengths(values.astype(np.int64),
+                                                [len(row) for row in rows], validate=False)
     elif not isinstance(ids, tf.RaggedTensor):
         try:
             ids = tf.convert_to_tensor(ids)
@@ -372,7 +401,7 @@ def _ids_batch(ids) -> tf.RaggedTensor:
                          f"shape {ids.shape}")
     if not isinstance(ids, tf.RaggedTensor):
         ids = tf.RaggedTensor.from_tensor(ids)
-    return tf.cast(ids, tf.int64)
+    return tf.cast(ids, tf.int64).with_row_splits_dtype(tf.int64)
 
 
 def _re2_escape(text: str) -> str:

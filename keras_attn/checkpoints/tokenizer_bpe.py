@@ -37,6 +37,7 @@ from keras_attn.checkpoints.tokenizer_base import (
     split_keeping,
 )
 from keras_attn.checkpoints.tokenizer_merges import BytePairMerger
+from keras_attn.checkpoints.tokenizer_ragged import nested
 
 # Unicode White_Space, as a character-class body; and without \n, \r.
 WS = (r"\t-\r \x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}"
@@ -154,13 +155,12 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
             segments = tf_text.normalize_utf8(segments, "NFC")
         marked = tf.strings.regex_replace(segments, self._boundary, b"\\1" + MARK + b"\\2")
         pieces = tf.strings.split(marked, sep=MARK)  # (N, P)
-        words = pieces.with_flat_values(split_keeping(pieces.flat_values, self._split))
-        words = words.merge_dims(1, 2)  # (N, W)
-        ids = self.merger.merge(words.flat_values)  # (W, None)
-        return tf.RaggedTensor.from_row_splits(ids, words.row_splits).merge_dims(1, 2)
+        words = nested(pieces, split_keeping(pieces.flat_values, self._split))  # (N, W)
+        return nested(words, self.merger.merge(words.flat_values))  # (N, None)
 
-    def _decode_ids(self, ids):
-        raw = tf.strings.reduce_join(tf.gather(self._bytes, ids), axis=1)
+    def _decode_kept(self, ids, keep):
+        pieces = tf.where(keep, tf.gather(self._bytes, ids.flat_values), "")  # (N,)
+        raw = tf.strings.reduce_join(ids.with_flat_values(pieces), axis=1)
         # invalid UTF-8 -> U+FFFD per maximal invalid subsequence (Rust's from_utf8_lossy)
         return tf.strings.unicode_transcode(raw, "UTF-8", "UTF-8", errors="replace",
                                             replacement_char=0xFFFD,

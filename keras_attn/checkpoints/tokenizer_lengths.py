@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from keras_attn.checkpoints.tokenizer_ragged import keep_values, row_positions
+
 DIRECTIONS = ("Right", "Left")
 
 
@@ -93,12 +95,12 @@ def truncate_ids(ids: tf.RaggedTensor, truncation: dict, added: int) -> tf.Ragge
     limit = truncation["max_length"] - added
     if limit < 0:  # `tokenizers` leaves the encoding whole
         return ids
-    position = tf.ragged.range(ids.row_lengths())  # (B, None)
+    position = row_positions(ids)  # (N,)
     if truncation["direction"] == "Right":
         keep = position < limit
     else:
-        keep = position >= tf.expand_dims(ids.row_lengths(), 1) - limit
-    return tf.ragged.boolean_mask(ids, keep)
+        keep = position >= tf.gather(ids.row_lengths(), ids.value_rowids()) - limit
+    return keep_values(ids, keep)
 
 
 def pad_ids(ids: tf.RaggedTensor, padding: dict) -> tf.RaggedTensor:

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_attn.checkpoints.tokenizer_base import MARK, place_rows, refuse_tokenizer
+from keras_attn.checkpoints.tokenizer_base import MARK, refuse_tokenizer
+from keras_attn.checkpoints.tokenizer_ragged import place_rows
 
 # Token ids are stored in the cache as code points, past the UTF-16 surrogates.
 _SURROGATES, _SURROGATE_COUNT = 0xD800, 0x800

@@ -32,6 +32,7 @@ from keras_attn.checkpoints.tokenizer_base import (
     split_keeping,
 )
 from keras_attn.checkpoints.tokenizer_bpe import WS
+from keras_attn.checkpoints.tokenizer_ragged import nested, row_positions
 
 FORMAT = (r"\x{ad}\x{600}-\x{605}\x{61c}\x{6dd}\x{70f}\x{180e}\x{200b}-\x{200f}\x{202a}-\x{202e}"
           r"\x{2060}-\x{2064}\x{2066}-\x{206f}\x{feff}\x{fff9}-\x{fffb}\x{110bd}"
@@ -55,8 +56,8 @@ def _lower(text: tf.Tensor) -> tf.Tensor:
     """`tf.strings.lower` (UTF-8) of every piece between NUL characters, which it would end
     the text at (`clean_text=False` keeps them)."""
     pieces = tf.strings.split(text, sep="\x00")  # (N, P)
-    last = tf.equal(tf.ragged.range(pieces.row_lengths()).flat_values,
-                    tf.gather(pieces.row_lengths() - 1, pieces.value_rowids()))
+    last = tf.equal(row_positions(pieces), tf.gather(pieces.row_lengths() - 1,
+                                                     pieces.value_rowids()))
     nul = tf.where(last, "", tf.constant(b"\x00"))  # a NUL tensor: an attribute would end at it
     lowered = tf.strings.join([tf.strings.lower(pieces.flat_values, encoding="utf-8"), nul])
     return tf.strings.reduce_join(pieces.with_flat_values(lowered), axis=1)
@@ -148,11 +149,11 @@ class WordPieceTokenizer(CheckpointTokenizer):
         flat = words.flat_values  # (W,)
         too_long = tf.strings.length(flat, unit="UTF8_CHAR") > self._max_chars
         ids = self._wordpiece.tokenize(tf.where(too_long, self._unk, flat))  # (W, None)
-        return tf.RaggedTensor.from_row_splits(ids, words.row_splits).merge_dims(1, 2)
+        return nested(words, ids)
 
     def _decode_ids(self, ids):
         tokens = tf.gather(self._strings, ids).flat_values
-        position = tf.ragged.range(ids.row_lengths()).flat_values
+        position = row_positions(ids)
         size = len(self._decode_prefix)
         continued = tf.equal(tf.strings.substr(tokens, 0, size), self._decode_prefix)
         stripped = tf.strings.regex_replace(tokens, "^" + _literal(self._decode_prefix), "")
