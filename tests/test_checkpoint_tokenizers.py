@@ -231,12 +231,12 @@ def test_savedmodels_serve_with_tensorflow_and_tensorflow_text_alone(tmp_path):
     paths, expected = {}, {}
     for kind in ("gpt2", "sentencepiece", "wordpiece"):  # one of each kind
         tokenizer = load_tokenizer(fx.tokenizer_dir(kind))
+        ids = tokenizer.encode(texts)  # eager calls first: their traced functions are not saved
+        expected[kind] = [ids.to_list(), [t.decode() for t in tokenizer.decode(ids).numpy()]]
         module = Serving(tokenizer)
         paths[kind] = str(tmp_path / kind)
         tf.saved_model.save(module, paths[kind],
                             signatures={"encode": module.encode, "decode": module.decode})
-        ids = tokenizer.encode(texts)
-        expected[kind] = [ids.to_list(), [t.decode() for t in tokenizer.decode(ids).numpy()]]
     result = subprocess.run([sys.executable, "-c", SERVE, json.dumps(paths), json.dumps(texts)],
                             capture_output=True, text=True, timeout=300, check=False,
                             cwd=str(tmp_path))
