@@ -160,7 +160,9 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
 
     def _decode_kept(self, ids, keep):
         pieces = tf.where(keep, tf.gather(self._bytes, ids.flat_values), "")  # (N,)
-        raw = tf.strings.reduce_join(ids.with_flat_values(pieces), axis=1)
+        splits = ids.row_splits  # (B + 1,) (its value rows in one op, not ragged's dozen)
+        rows = tf.searchsorted(splits[1:], tf.range(tf.size(pieces, tf.int64)), side="right")
+        raw = tf.strings.unsorted_segment_join(pieces, rows, tf.size(splits) - 1)  # (B,)
         # invalid UTF-8 -> U+FFFD per maximal invalid subsequence (Rust's from_utf8_lossy)
         return tf.strings.unicode_transcode(raw, "UTF-8", "UTF-8", errors="replace",
                                             replacement_char=0xFFFD,
