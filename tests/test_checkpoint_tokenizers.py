@@ -157,6 +157,25 @@ def test_bad_texts_and_ids_are_refused():
         tokenizer.decode([[a]], skip_special_tokens=tf.constant(True))
 
 
+def test_wordpiece_cleanup_of_tokens_with_spaces(tmp_path):
+    # a vocabulary whose tokens hold spaces gets the decoder's cleanup pattern by pattern
+    def spaced(spec):
+        vocab = spec["model"]["vocab"]
+        for old, new in (("##s", "##s ' x"), ("the", "do not"), ("##e", "##e ."), ("of", "of ,")):
+            vocab[new] = vocab.pop(old)
+
+    directory = edited_copy(tmp_path, "wordpiece", spaced)
+    reference = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+    tokenizer = load_tokenizer(directory)
+    special = {reference.token_to_id(t) for t in ("##s ' x", "do not", "##e .", "of ,")}
+    rng = random.Random(5)
+    batches = [[rng.choice(sorted(special)) if rng.random() < 0.4 else
+                rng.randrange(reference.get_vocab_size()) for _ in range(rng.randrange(1, 9))]
+               for _ in range(200)]
+    decoded = [t.decode() for t in tokenizer.decode(batches).numpy()]
+    assert decoded == reference.decode_batch(batches)
+
+
 REFUSALS = [
     ("gpt2", lambda s: s["pre_tokenizer"].update(add_prefix_space=True),
      "pre_tokenizer.add_prefix_space"),

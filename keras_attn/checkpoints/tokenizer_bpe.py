@@ -37,7 +37,7 @@ from keras_attn.checkpoints.tokenizer_base import (
     split_keeping,
 )
 from keras_attn.checkpoints.tokenizer_merges import BytePairMerger
-from keras_attn.checkpoints.tokenizer_ragged import nested
+from keras_attn.checkpoints.tokenizer_ragged import join_rows, nested
 
 # Unicode White_Space, as a character-class body; and without \n, \r.
 WS = (r"\t-\r \x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}"
@@ -160,9 +160,7 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
 
     def _decode_kept(self, ids, keep):
         pieces = tf.where(keep, tf.gather(self._bytes, ids.flat_values), "")  # (N,)
-        splits = ids.row_splits  # (B + 1,) (its value rows in one op, not ragged's dozen)
-        rows = tf.searchsorted(splits[1:], tf.range(tf.size(pieces, tf.int64)), side="right")
-        raw = tf.strings.unsorted_segment_join(pieces, rows, tf.size(splits) - 1)  # (B,)
+        raw = join_rows(ids.with_flat_values(pieces))  # (B,)
         # invalid UTF-8 -> U+FFFD per maximal invalid subsequence (Rust's from_utf8_lossy)
         return tf.strings.unicode_transcode(raw, "UTF-8", "UTF-8", errors="replace",
                                             replacement_char=0xFFFD,

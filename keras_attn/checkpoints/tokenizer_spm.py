@@ -26,6 +26,7 @@ from keras_attn.checkpoints.tokenizer_base import (
     expect_component,
     refuse_tokenizer,
 )
+from keras_attn.checkpoints.tokenizer_ragged import join_rows
 
 SPACE = "▁"
 DECODER = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
@@ -119,7 +120,7 @@ class SentencePieceTokenizer(CheckpointTokenizer):
     def _decode_ids(self, ids):
         # Byte tokens as their bytes: right wherever every run of them is valid UTF-8, which
         # is when the rows are (the other tokens are whole characters); else run by run.
-        joined = tf.strings.reduce_join(tf.gather(self._texts, ids), axis=1)  # (B,)
+        joined = join_rows(tf.gather(self._texts, ids))  # (B,)
         valid = tf.equal(tf.strings.unicode_transcode(
             joined, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD,
             replace_control_characters=False), joined)
@@ -152,7 +153,7 @@ class SentencePieceTokenizer(CheckpointTokenizer):
         run_text = tf.concat([run_text, tf.constant([""])], axis=0)
         pieces = tf.where(starts, tf.gather(run_text, tf.maximum(run, 0)),
                           tf.where(flat_bytes, "", flat_texts))
-        return tf.strings.reduce_join(ids.with_flat_values(pieces), axis=1)
+        return join_rows(ids.with_flat_values(pieces))
 
 
 def sentencepiece_tokenizer(directory: str, spec: dict | None) -> SentencePieceTokenizer:

@@ -32,7 +32,7 @@ from keras_attn.checkpoints.tokenizer_base import (
     split_keeping,
 )
 from keras_attn.checkpoints.tokenizer_bpe import WS
-from keras_attn.checkpoints.tokenizer_ragged import nested, row_positions
+from keras_attn.checkpoints.tokenizer_ragged import join_rows, nested, row_positions
 
 FORMAT = (r"\x{ad}\x{600}-\x{605}\x{61c}\x{6dd}\x{70f}\x{180e}\x{200b}-\x{200f}\x{202a}-\x{202e}"
           r"\x{2060}-\x{2064}\x{2066}-\x{206f}\x{feff}\x{fff9}-\x{fffb}\x{110bd}"
@@ -52,6 +52,11 @@ def _literal(text: str) -> str:
     return "".join(f"\\x{{{ord(c):x}}}" for c in text)
 
 
+# CLEANUP on a token whose only space is the first character: the patterns that can match
+CLEANUP_FIRST = "^ (" + "|".join(_literal(old[1:]) for old, _ in CLEANUP
+                                  if " " not in old[1:]) + ")"
+
+
 def _lower(text: tf.Tensor) -> tf.Tensor:
     """`tf.strings.lower` (UTF-8) of every piece between NUL characters, which it would end
     the text at (`clean_text=False` keeps them)."""
@@ -60,7 +65,7 @@ def _lower(text: tf.Tensor) -> tf.Tensor:
                                                      pieces.value_rowids()))
     nul = tf.where(last, "", tf.constant(b"\x00"))  # a NUL tensor: an attribute would end at it
     lowered = tf.strings.join([tf.strings.lower(pieces.flat_values, encoding="utf-8"), nul])
-    return tf.strings.reduce_join(pieces.with_flat_values(lowered), axis=1)
+    return join_rows(pieces.with_flat_values(lowered))
 
 
 def _from_vocab_txt(directory: str) -> dict:
@@ -130,6 +135,7 @@ class WordPieceTokenizer(CheckpointTokenizer):
             max_bytes_per_word=4 * self._max_chars, token_out_type=tf.int32,
             unknown_token=self._unk, no_pretokenization=True)
         self._strings = tf.constant(tokens)
+        self._spaced = any(" " in token for token in tokens)  # then CLEANUP pass by pass
 
     def _normalize(self, text):
         if self._clean:
@@ -154,15 +160,17 @@ class WordPieceTokenizer(CheckpointTokenizer):
     def _decode_ids(self, ids):
         tokens = tf.gather(self._strings, ids).flat_values
         position = row_positions(ids)
-        size = len(self._decode_prefix)
+        size = len(self._decode_prefix.encode())
         continued = tf.equal(tf.strings.substr(tokens, 0, size), self._decode_prefix)
         stripped = tf.strings.regex_replace(tokens, "^" + _literal(self._decode_prefix), "")
         tokens = tf.where(position == 0, tokens,
                           tf.where(continued, stripped, tf.strings.join([" ", tokens])))
-        if self._cleanup:
+        if self._cleanup and self._spaced:
             for old, new in CLEANUP:
                 tokens = tf.strings.regex_replace(tokens, _literal(old), new)
-        return tf.strings.reduce_join(ids.with_flat_values(tokens), axis=1)
+        elif self._cleanup:  # a token's one space is its first character: one pass, the same
+            tokens = tf.strings.regex_replace(tokens, CLEANUP_FIRST, r"\1")
+        return join_rows(ids.with_flat_values(tokens))
 
 
 def wordpiece_tokenizer(directory: str, spec: dict | None) -> WordPieceTokenizer:
