@@ -66,15 +66,17 @@ def expect_component(spec: dict, component: str, accepted, why: str) -> dict:
 
 def split_keeping(texts: tf.Tensor, pattern: str, dropped: str | None = None) -> tf.RaggedTensor:
     """Pieces of `texts` `(N,)` -> `(N, None)`: every match of the RE2 `pattern` is a piece,
-    and so is the text between matches; matches of `dropped` (tried first) are removed; no
-    piece is empty.
+    and so is the text between matches; matches of `dropped` (which never matches what
+    `pattern` does) are removed; no piece is empty.
 
     tensorflow-text's `regex_split` does this but ends a text at its first NUL character;
     `tf.strings.regex_replace` and `tf.strings.split` do not, so the matches are fenced with
-    `MARK` (a byte no UTF-8 text has) and the texts split there.
+    `MARK` (a byte no UTF-8 text has) and the texts split there. The rewrites use the whole
+    match (`\\0`), not a group, which RE2 finds several times faster.
     """
-    pattern = f"({pattern})" if dropped is None else f"{dropped}|({pattern})"
-    fenced = tf.strings.regex_replace(texts, pattern, MARK + b"\\1" + MARK)
+    if dropped is not None:
+        texts = tf.strings.regex_replace(texts, dropped, MARK)
+    fenced = tf.strings.regex_replace(texts, pattern, MARK + b"\\0" + MARK)
     pieces = tf.strings.split(fenced, sep=MARK)
     return keep_values(pieces, tf.strings.length(pieces.flat_values) > 0)
 
