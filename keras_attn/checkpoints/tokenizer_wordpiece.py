@@ -39,8 +39,8 @@ FORMAT = (r"\x{ad}\x{600}-\x{605}\x{61c}\x{6dd}\x{70f}\x{180e}\x{200b}-\x{200f}\
           r"\x{1bca0}-\x{1bca3}\x{1d173}-\x{1d17a}\x{e0001}\x{e0020}-\x{e007f}")
 CLEAN_REMOVED = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\x{fffd}\p{Co}" + FORMAT + "]"
 CLEAN_SPACE = r"[\t\n\r\p{Zs}\x{2028}\x{2029}]"
-CJK = (r"([\x{4e00}-\x{9fff}\x{3400}-\x{4dbf}\x{20000}-\x{2a6df}\x{2a700}-\x{2b73f}"
-       r"\x{2b740}-\x{2b81f}\x{2b920}-\x{2ceaf}\x{f900}-\x{faff}\x{2f800}-\x{2fa1f}])")
+CJK = (r"[\x{4e00}-\x{9fff}\x{3400}-\x{4dbf}\x{20000}-\x{2a6df}\x{2a700}-\x{2b73f}"
+       r"\x{2b740}-\x{2b81f}\x{2b920}-\x{2ceaf}\x{f900}-\x{faff}\x{2f800}-\x{2fa1f}]")
 PUNCTUATION = r"[!-/:-@\[-`{-~\p{P}]"
 CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
            (" 'm", "'m"), (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"),
@@ -142,7 +142,7 @@ class WordPieceTokenizer(CheckpointTokenizer):
             text = tf.strings.regex_replace(text, CLEAN_REMOVED, "")
             text = tf.strings.regex_replace(text, CLEAN_SPACE, " ")
         if self._chinese:
-            text = tf.strings.regex_replace(text, CJK, r" \1 ")
+            text = tf.strings.regex_replace(text, CJK, r" \0 ")
         if self._strip_accents:
             text = tf.strings.regex_replace(tf_text.normalize_utf8(text, "NFD"), r"\p{Mn}", "")
         if self._lowercase:  # per character: no final sigma (ICU's lower has one)
