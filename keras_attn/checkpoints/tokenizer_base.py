@@ -126,6 +126,10 @@ class CheckpointTokenizer(tf.Module):
     the text are matched first (longest first) and encoded as their ids; the rest goes
     through the kind's normalizer, pre-tokenizer and model.
 
+    Inside a `tf.function`, a `tf.data` map or a SavedModel, `encode` and `decode` are ops of
+    that graph. Called eagerly, each runs one traced function per set of options, traced by
+    its first call (about a second for a byte-level BPE; `benchmarks/tokenizer_speed.py`).
+
     Args:
         kind: str, `"byte_level_bpe"`, `"sentencepiece"` or `"wordpiece"`.
         tokens: list of str, the token of every id (`""` where the id space has a hole).
