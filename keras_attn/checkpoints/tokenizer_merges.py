@@ -200,24 +200,45 @@ class BytePairMerger(tf.Module):
         pieces = tf.strings.bytes_split(words)  # (U, None) one byte each
         values = tf.reshape(tf.io.decode_raw(pieces.flat_values, tf.uint8), [-1])
         ids = tf.gather(self._byte_ids, tf.cast(values, tf.int32))  # (N,)
-        rows = tf.cast(pieces.value_rowids(), tf.int32)  # (N,)
-        count = tf.size(words)
+        pieces_of = tf.cast(pieces.value_rowids(), tf.int32)  # (N,) the word, then the piece
+        places = tf.range(tf.size(ids))  # (N,) where each token starts, in all the bytes
+        none = tf.zeros([0], tf.int32)
 
-        def step(ids, rows, _, rounds):
-            ids, rows, merged = self._round(ids, rows, count)
-            return ids, rows, merged, rounds + tf.cast(merged, tf.int32)
+        def step(ids, pieces_of, places, done, done_places, _, rounds):
+            ids, pieces_of, places, final, final_places, merged = self._round(
+                ids, pieces_of, places)
+            return (ids, pieces_of, places, tf.concat([done, final], 0),
+                    tf.concat([done_places, final_places], 0), merged,
+                    rounds + tf.cast(merged, tf.int32))
 
-        ids, rows, _, rounds = tf.while_loop(
-            lambda ids, rows, more, rounds: more, step,
-            (ids, rows, tf.constant(True), tf.constant(0)),
-            shape_invariants=(tf.TensorShape([None]), tf.TensorShape([None]),
-                              tf.TensorShape([]), tf.TensorShape([])))
-        lengths = tf.math.unsorted_segment_sum(tf.ones_like(rows, tf.int64), rows, count)
+        unknown = tf.TensorShape([None])
+        ids, _, places, done, done_places, _, rounds = tf.while_loop(
+            lambda *state: state[5], step,
+            (ids, pieces_of, places, none, none, tf.constant(True), tf.constant(0)),
+            shape_invariants=(unknown,) * 5 + (tf.TensorShape([]),) * 2)
+        order = tf.argsort(tf.concat([done_places, places], 0))  # (M,) back in text order
+        ids = tf.gather(tf.concat([done, ids], 0), order)
+        words_of = tf.searchsorted(tf.cast(pieces.row_splits[1:], tf.int32), tf.gather(
+            tf.concat([done_places, places], 0), order), side="right")
+        lengths = tf.math.unsorted_segment_sum(tf.ones_like(words_of, tf.int64), words_of,
+                                               tf.size(words))
         return ids, lengths, rounds
 
-    def _round(self, ids, rows, words):
-        """One round: every merge that provably comes next (module docstring) is made."""
-        none, depth = self._none, self._depth
+    def _round(self, ids, rows, places):
+        """One round: every merge that provably comes next (module docstring) is made, and
+        the tokens that can never merge leave (`final`), splitting their piece of a word in
+        two independent pieces.
+
+        Args:
+            ids: `(N,)` the tokens of the pieces being merged.
+            rows: `(N,)` int32, the piece of every token, 0 ... P - 1 in order.
+            places: `(N,)` int32, where every token starts among all the bytes.
+
+        Returns:
+            The new `ids`, `rows` and `places`, the final tokens and their places, and
+            whether a pair was merged.
+        """
+        none, depth, words = self._none, self._depth, tf.size(ids)
         same = tf.equal(rows[:-1], rows[1:])  # (N - 1,) pair i = (ids[i], ids[i + 1])
         pair_keys = tf.cast(ids[:-1], tf.int64) * self._size + tf.cast(ids[1:], tf.int64)
         packed = self._pairs.lookup(pair_keys)
@@ -264,9 +285,15 @@ class BytePairMerger(tf.Module):
             right_ok = (rank_at(step + 1) > rank) & ((right_at(step + 1) > rank) | right_ok)
         chosen |= mergeable & consistent & left_ok & right_ok
         merged = tf.where(chosen, tf.gather(self._merged, tf.minimum(rank, none - 1)), ids)
-        keep = ~tf.concat([[False], chosen[:-1]], 0)  # the right token of a merged pair goes
-        return (tf.boolean_mask(merged, keep), tf.boolean_mask(rows, keep),
-                tf.reduce_any(mergeable))
+        # a token no token ending with its left neighbour's text nor any starting with its
+        # right neighbour's merges with is final: no merge ever crosses it (nor is chosen)
+        final = tf.equal(left_bound, none) & tf.equal(right_bound, none)
+        stay = ~tf.concat([[False], chosen[:-1]], 0) & ~final  # a merged pair's right goes
+        starts = tf.concat([[True], ~same | final[:-1]], 0)  # of a piece, after a final
+        rows = tf.cumsum(tf.cast(tf.boolean_mask(starts, stay), tf.int32)) - 1
+        more = tf.reduce_any(mergeable) & tf.reduce_any(stay)
+        return (tf.boolean_mask(merged, stay), rows, tf.boolean_mask(places, stay),
+                tf.boolean_mask(ids, final), tf.boolean_mask(places, final), more)
 
 
 def _starts(flags):
