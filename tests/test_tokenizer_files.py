@@ -183,6 +183,15 @@ def test_classic_gpt2_layout_matches_transformers(tmp_path):
     assert [t.decode() for t in tokenizer.decode(ids).numpy()] == decoded
 
 
+def test_an_empty_added_token_is_skipped_as_in_tokenizers(tmp_path):
+    def empty(spec):  # (an empty alternative in the added-token regex matched everywhere)
+        spec["added_tokens"].append({"id": 5, "content": "", "single_word": False,
+                                     "lstrip": False, "rstrip": False, "normalized": False,
+                                     "special": True})
+
+    assert_like_the_tokenizers_library(edited_copy(tmp_path, "gpt2", empty), TEXTS + ["%a"])
+
+
 def test_what_is_not_a_tokenizer_directory_is_refused(tmp_path):
     for directory in (str(tmp_path / "missing"), None, 3):
         with pytest.raises(ValueError, match="`directory`"):

@@ -433,9 +433,12 @@ def special_ids(directory: str, token_to_id, defaults: dict | None = None) -> di
 
 
 def added_tokens(spec: dict, normalized_ok: bool) -> tuple[dict[str, int], list[int]]:
-    """`tokenizer.json`'s added tokens (content -> id) and the special ones' ids."""
+    """`tokenizer.json`'s added tokens (content -> id) and the special ones' ids (an empty
+    content is skipped, as `tokenizers` skips it)."""
     added, special = {}, []
     for token in spec.get("added_tokens") or []:
+        if token.get("content") == "":
+            continue
         for option in ("lstrip", "rstrip", "single_word"):
             if token.get(option):
                 refuse_tokenizer(f"added_tokens[{token['content']!r}].{option}", True,
