@@ -190,6 +190,12 @@ REFUSALS = [
     ("sentencepiece_legacy", lambda s: s.update(decoder={"type": "Metaspace"}), "decoder"),
     ("wordpiece", lambda s: s.update(normalizer={"type": "Lowercase"}), "normalizer"),
     ("wordpiece", lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "pre_tokenizer"),
+    ("gpt2", lambda s: s["model"].update(vocab=[["a", 0]]), "model.vocab"),
+    ("wordpiece", lambda s: s["model"].update(vocab={"a": "0"}), "model.vocab"),
+    ("gpt2", lambda s: s["model"].update(merges={"a": "b"}), "model.merges"),
+    ("gpt2", lambda s: s["model"]["merges"].append(["Ġ", "not-a-token"]), "model.merges["),
+    ("gpt2", lambda s: s["model"]["merges"].append("a b c"), "model.merges["),
+    ("llama3", lambda s: s["added_tokens"].append({"content": "x"}), "added_tokens"),
 ]
 
 

@@ -437,7 +437,10 @@ def added_tokens(spec: dict, normalized_ok: bool) -> tuple[dict[str, int], list[
     content is skipped, as `tokenizers` skips it)."""
     added, special = {}, []
     for token in spec.get("added_tokens") or []:
-        if token.get("content") == "":
+        if not isinstance(token, dict) or not isinstance(token.get("content"), str) or not (
+                isinstance(token.get("id"), int) and token["id"] >= 0):
+            refuse_tokenizer("added_tokens", token, "expected {content, id} entries")
+        if token["content"] == "":
             continue
         for option in ("lstrip", "rstrip", "single_word"):
             if token.get(option):
@@ -450,6 +453,16 @@ def added_tokens(spec: dict, normalized_ok: bool) -> tuple[dict[str, int], list[
         if token.get("special"):
             special.append(token["id"])
     return added, special
+
+
+def model_vocab(model: dict) -> dict[str, int]:
+    """`model["vocab"]`, checked: token -> non-negative id (what `tokenizers` reads)."""
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not all(
+            isinstance(index, int) and not isinstance(index, bool) and index >= 0
+            for index in vocab.values()):
+        refuse_tokenizer("model.vocab", type(vocab).__name__, "expected token -> id")
+    return vocab
 
 
 def id_table(vocab: dict[str, int], added: dict[str, int]) -> list[str]:

@@ -32,6 +32,7 @@ from keras_attn.checkpoints.tokenizer_base import (
     _token_content,
     added_tokens,
     expect_component,
+    model_vocab,
     read_json,
     refuse_tokenizer,
     split_keeping,
@@ -127,7 +128,7 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
         expect_component(spec, "decoder", lambda d: d.get("type") == "ByteLevel",
                          "expected ByteLevel")
         added, special = added_tokens(spec, normalized_ok=normalizer is None)
-        vocab = model["vocab"]
+        vocab = model_vocab(model)
         alphabet = bytes_to_unicode()
         missing = [byte for byte, char in alphabet.items() if char not in vocab]
         if missing:
@@ -136,7 +137,10 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
         tokens = self.init_from_spec("byte_level_bpe", spec, directory, vocab, added, special)
         self._nfc = normalizer is not None
         self._boundary, self._split = RE2_SPLITS[_pre_tokenizer_regex(spec)]
-        self.merger = BytePairMerger(vocab, model.get("merges") or [],
+        merges = model.get("merges") or []
+        if not isinstance(merges, list):
+            refuse_tokenizer("model.merges", type(merges).__name__, "expected a list")
+        self.merger = BytePairMerger(vocab, merges,
                                    [alphabet[byte] for byte in range(256)],
                                    ignore_merges=bool(model.get("ignore_merges")))
         self._bytes = tf.constant([self._token_bytes(token, token in added, inverse_map(alphabet))

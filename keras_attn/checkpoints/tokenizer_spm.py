@@ -24,6 +24,7 @@ from keras_attn.checkpoints.tokenizer_base import (
     CheckpointTokenizer,
     added_tokens,
     expect_component,
+    model_vocab,
     refuse_tokenizer,
 )
 from keras_attn.checkpoints.tokenizer_ragged import join_rows
@@ -96,7 +97,7 @@ class SentencePieceTokenizer(CheckpointTokenizer):
                          "expected Replace('▁', ' '), ByteFallback, Fuse, Strip(' ', 1, 0)")
         self._rule = _prefix_rule(spec)
         added, special = added_tokens(spec, normalized_ok=False)
-        tokens = self.init_from_spec("sentencepiece", spec, directory, model["vocab"], added,
+        tokens = self.init_from_spec("sentencepiece", spec, directory, model_vocab(model), added,
                                      special)
         self._model = tf_text.SentencepieceTokenizer(
             _model_proto(directory, tokens, bool(model.get("byte_fallback"))), out_type=tf.int32)

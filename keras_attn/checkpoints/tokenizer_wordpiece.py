@@ -27,6 +27,7 @@ from keras_attn.checkpoints.tokenizer_base import (
     _token_content,
     added_tokens,
     expect_component,
+    model_vocab,
     read_json,
     refuse_tokenizer,
     split_keeping,
@@ -111,7 +112,7 @@ class WordPieceTokenizer(CheckpointTokenizer):
         decoder = expect_component(spec, "decoder", lambda d: d.get("type") == "WordPiece",
                                    "expected WordPiece")
         model = spec["model"]
-        vocab = model["vocab"]
+        vocab = model_vocab(model)
         if sorted(vocab.values()) != list(range(len(vocab))):
             refuse_tokenizer("model.vocab", f"{len(vocab)} tokens", "ids are not 0 ... n - 1")
         added, special = added_tokens(spec, normalized_ok=True)
