@@ -33,8 +33,9 @@ SAMPLE = [
     "<s>hello</s> <unk>", "<|endoftext|>text<|endoftext|>", "<|im_start|>user\nhi<|im_end|>",
     "[CLS] a [SEP] [MASK]", "<|begin_of_text|>Hi<|eot_id|>",
     "The Time Traveller (for so it will be convenient to speak of him) was expounding",
+    "a\x00b", "\x00", "x \x00 y\x00\x00z", "<|endoftext|>\x00<s>", "[CLS]\x00 \x00[SEP]",
 ]
-ALPHABET = list(" \n\t\r\u00a0\u3000\u2009abcXYZ019'’.,!?-_éü\u0301日本😀👍🏽\u200b<>|/sS") + [
+ALPHABET = list(" \n\t\r\u00a0\u3000\u2009abcXYZ019'’.,!?-_éü\u0301日本😀👍🏽\u200b<>|/sS\x00") + [
     "'s", "'T", "  ", "\n\n", "<s>", "</s>", "<|endoftext|>", "[CLS]", "<|im_end|>", "Σ"]
 KINDS = ("gpt2", "llama3", "qwen2", "sentencepiece", "sentencepiece_legacy", "wordpiece",
          "wordpiece_cased")
@@ -121,6 +122,60 @@ def test_special_tokens_and_templates():
     assert bert.decode(tf.constant([[ids[1], 10**6, -3]])).numpy()[0] == b"a"  # unknown ids
 
 
+def test_nul_characters_do_not_end_the_text(tmp_path):
+    # tensorflow-text's regex_split and tf.strings.lower stop at NUL: "a\x00b" was GPT-2's [64]
+    texts = ["a\x00b", "\x00", "A\x00B c\x00\x00D", "\x00\x00x\x00", "Σ\x00É"]
+    for kind in ("gpt2", "llama3", "sentencepiece", "wordpiece"):
+        reference = Tokenizer.from_file(os.path.join(fx.tokenizer_dir(kind), "tokenizer.json"))
+        ours = load_tokenizer(fx.tokenizer_dir(kind)).encode(texts).to_list()
+        assert ours == [e.ids for e in reference.encode_batch(texts)], kind
+
+    def keep_nul(spec):  # BERT's normalizer without clean_text keeps NUL for lowercasing
+        spec["normalizer"]["clean_text"] = False
+
+    assert_like_the_tokenizers_library(edited_copy(tmp_path, "wordpiece", keep_nul),
+                                       texts + SAMPLE, random_ids=0)
+
+
+def test_bad_texts_and_ids_are_refused():
+    tokenizer = load_tokenizer(fx.tokenizer_dir("gpt2"))
+    for texts in ([["hello", "world"]], [[["a"]]], tf.ragged.constant([["a"], ["b", "c"]]),
+                  [1, 2], [b"ok", b"\xff\xfe not utf-8"], ["ok", None]):
+        with pytest.raises(ValueError, match="`texts`"):
+            tokenizer.encode(texts)
+    a = tokenizer.encode(["a"], add_special_tokens=False).to_list()[0][0]
+    for ids in ([[float(a)]], tf.constant([[a + 0.7]]), [a, a], [[[a]]], [[True]], [["a"]],
+                tf.constant([a])):
+        with pytest.raises(ValueError, match="`ids`"):
+            tokenizer.decode(ids)
+    # int64 ids past int32 are outside the vocabulary (dropped), not wrapped onto `a`
+    assert tokenizer.decode(tf.constant([[a, 2 ** 32 + a, -(2 ** 32) + a]], tf.int64)).numpy()[
+        0] == b"a"
+    assert tokenizer.decode([[]]).numpy().tolist() == [b""]
+    assert tokenizer.decode([]).numpy().tolist() == []
+    with pytest.raises(ValueError, match="`skip_special_tokens`"):
+        tokenizer.decode([[a]], skip_special_tokens=tf.constant(True))
+
+
+def test_wordpiece_cleanup_of_tokens_with_spaces(tmp_path):
+    # a vocabulary whose tokens hold spaces gets the decoder's cleanup pattern by pattern
+    def spaced(spec):
+        vocab = spec["model"]["vocab"]
+        for old, new in (("##s", "##s ' x"), ("the", "do not"), ("##e", "##e ."), ("of", "of ,")):
+            vocab[new] = vocab.pop(old)
+
+    directory = edited_copy(tmp_path, "wordpiece", spaced)
+    reference = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+    tokenizer = load_tokenizer(directory)
+    special = {reference.token_to_id(t) for t in ("##s ' x", "do not", "##e .", "of ,")}
+    rng = random.Random(5)
+    batches = [[rng.choice(sorted(special)) if rng.random() < 0.4 else
+                rng.randrange(reference.get_vocab_size()) for _ in range(rng.randrange(1, 9))]
+               for _ in range(200)]
+    decoded = [t.decode() for t in tokenizer.decode(batches).numpy()]
+    assert decoded == reference.decode_batch(batches)
+
+
 REFUSALS = [
     ("gpt2", lambda s: s["pre_tokenizer"].update(add_prefix_space=True),
      "pre_tokenizer.add_prefix_space"),
@@ -135,6 +190,12 @@ REFUSALS = [
     ("sentencepiece_legacy", lambda s: s.update(decoder={"type": "Metaspace"}), "decoder"),
     ("wordpiece", lambda s: s.update(normalizer={"type": "Lowercase"}), "normalizer"),
     ("wordpiece", lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "pre_tokenizer"),
+    ("gpt2", lambda s: s["model"].update(vocab=[["a", 0]]), "model.vocab"),
+    ("wordpiece", lambda s: s["model"].update(vocab={"a": "0"}), "model.vocab"),
+    ("gpt2", lambda s: s["model"].update(merges={"a": "b"}), "model.merges"),
+    ("gpt2", lambda s: s["model"]["merges"].append(["Ġ", "not-a-token"]), "model.merges["),
+    ("gpt2", lambda s: s["model"]["merges"].append("a b c"), "model.merges["),
+    ("llama3", lambda s: s["added_tokens"].append({"content": "x"}), "added_tokens"),
 ]
 
 
@@ -195,12 +256,12 @@ def test_savedmodels_serve_with_tensorflow_and_tensorflow_text_alone(tmp_path):
     paths, expected = {}, {}
     for kind in ("gpt2", "sentencepiece", "wordpiece"):  # one of each kind
         tokenizer = load_tokenizer(fx.tokenizer_dir(kind))
+        ids = tokenizer.encode(texts)  # eager calls first: their traced functions are not saved
+        expected[kind] = [ids.to_list(), [t.decode() for t in tokenizer.decode(ids).numpy()]]
         module = Serving(tokenizer)
         paths[kind] = str(tmp_path / kind)
         tf.saved_model.save(module, paths[kind],
                             signatures={"encode": module.encode, "decode": module.decode})
-        ids = tokenizer.encode(texts)
-        expected[kind] = [ids.to_list(), [t.decode() for t in tokenizer.decode(ids).numpy()]]
     result = subprocess.run([sys.executable, "-c", SERVE, json.dumps(paths), json.dumps(texts)],
                             capture_output=True, text=True, timeout=300, check=False,
                             cwd=str(tmp_path))

@@ -11,15 +11,42 @@ import os
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_text as tf_text
+
+from keras_attn._checks import check_bool
+from keras_attn.checkpoints.tokenizer_lengths import (
+    pad_ids,
+    read_padding,
+    read_truncation,
+    truncate_ids,
+)
+from keras_attn.checkpoints.tokenizer_ragged import (
+    around,
+    keep_values,
+    nested,
+    place_rows,
+    row_positions,
+)
 
 # Bytes that never occur in UTF-8 text: a boundary marker inside a graph.
 MARK = b"\xff"
+# The key of a built `tokenizer.json` (from older files) for the bos/eos/pad/unk tokens that
+# transformers assumes when `tokenizer_config.json` does not name them.
+DEFAULT_SPECIALS = "_default_special_tokens"
 
 
-def read_json(path: str):
-    with open(path, encoding="utf-8") as file:
-        return json.load(file)
+def read_json(path: str) -> dict:
+    """The JSON object in `path`, or a ValueError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            value = json.load(file)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"Cannot load the tokenizer: {path} is not UTF-8 JSON ({error}).") \
+            from error
+    if not isinstance(value, dict):
+        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad files
+            f"Cannot load the tokenizer: {path} must hold a JSON object. Received: "
+            f"{type(value).__name__}")
+    return value
 
 
 def refuse_tokenizer(component: str, value, why: str) -> None:
@@ -35,6 +62,23 @@ def expect_component(spec: dict, component: str, accepted, why: str) -> dict:
     if not accepted(value):
         refuse_tokenizer(component, value, why)
     return value
+
+
+def split_keeping(texts: tf.Tensor, pattern: str, dropped: str | None = None) -> tf.RaggedTensor:
+    """Pieces of `texts` `(N,)` -> `(N, None)`: every match of the RE2 `pattern` is a piece,
+    and so is the text between matches; matches of `dropped` (which never matches what
+    `pattern` does) are removed; no piece is empty.
+
+    tensorflow-text's `regex_split` does this but ends a text at its first NUL character;
+    `tf.strings.regex_replace` and `tf.strings.split` do not, so the matches are fenced with
+    `MARK` (a byte no UTF-8 text has) and the texts split there. The rewrites use the whole
+    match (`\\0`), not a group, which RE2 finds several times faster.
+    """
+    if dropped is not None:
+        texts = tf.strings.regex_replace(texts, dropped, MARK)
+    fenced = tf.strings.regex_replace(texts, pattern, MARK + b"\\0" + MARK)
+    pieces = tf.strings.split(fenced, sep=MARK)
+    return keep_values(pieces, tf.strings.length(pieces.flat_values) > 0)
 
 
 def _token_content(value):
@@ -82,6 +126,10 @@ class CheckpointTokenizer(tf.Module):
     the text are matched first (longest first) and encoded as their ids; the rest goes
     through the kind's normalizer, pre-tokenizer and model.
 
+    Inside a `tf.function`, a `tf.data` map or a SavedModel, `encode` and `decode` are ops of
+    that graph. Called eagerly, each runs one traced function per set of options, traced by
+    its first call (about a second for a byte-level BPE; `benchmarks/tokenizer_speed.py`).
+
     Args:
         kind: str, `"byte_level_bpe"`, `"sentencepiece"` or `"wordpiece"`.
         tokens: list of str, the token of every id (`""` where the id space has a hole).
@@ -91,6 +139,10 @@ class CheckpointTokenizer(tf.Module):
         suffix: list of int, the template's ids after it.
         special_tokens: dict with the ids of `"bos"`, `"eos"`, `"pad"`, `"unk"` (None when the
             tokenizer has none).
+        truncation: optional dict, `tokenizer.json`'s `truncation` section
+            (`tokenizer_lengths.read_truncation`), applied by `encode`. Defaults to `None`.
+        padding: optional dict, its `padding` section (`tokenizer_lengths.read_padding`),
+            applied by `encode`. Defaults to `None`.
 
     Example:
     >>> tokenizer = load_tokenizer("path/to/checkpoint")
@@ -99,9 +151,13 @@ class CheckpointTokenizer(tf.Module):
     """
 
     def __init__(self, kind: str, tokens: list[str], added: dict[str, int], special: list[int],
-                 prefix: list[int], suffix: list[int], special_tokens: dict, name=None):
+                 prefix: list[int], suffix: list[int], special_tokens: dict,
+                 truncation: dict | None = None, padding: dict | None = None, name=None):
         super().__init__(name=name)
         self.kind = kind
+        self.truncation = None if truncation is None else dict(truncation)
+        self._functions = _Functions()
+        self.padding = None if padding is None else dict(padding)
         self.tokens = list(tokens)
         self.vocab_size = len(tokens)
         self.added = dict(added)
@@ -134,8 +190,10 @@ class CheckpointTokenizer(tf.Module):
         tokens = id_table(vocab, added)
         lookup = {**vocab, **added}.get
         prefix, suffix = template_ids(spec.get("post_processor"), lookup)
-        CheckpointTokenizer.__init__(self, kind, tokens, added, special, prefix, suffix,
-                                     special_ids(directory, lookup))
+        specials = special_ids(directory, lookup, spec.get(DEFAULT_SPECIALS))
+        CheckpointTokenizer.__init__(
+            self, kind, tokens, added, special, prefix, suffix, specials,
+            read_truncation(spec, len(prefix) + len(suffix)), read_padding(spec))
         return tokens
 
     @property
@@ -165,95 +223,225 @@ class CheckpointTokenizer(tf.Module):
         """Split out added tokens: segments `(B, S)`, their added ids (-1: plain text) and
         whether each segment starts its text."""
         if self._added_table is None:
-            segments = tf.RaggedTensor.from_tensor(texts[:, None])  # (B, 1)
-            segments = tf.ragged.boolean_mask(segments, tf.strings.length(segments) > 0)
-            flat = segments.flat_values
-            return segments, tf.fill(tf.shape(flat), -1), tf.ones(tf.shape(flat), tf.bool)
-        segments, starts, _ = tf_text.regex_split_with_offsets(
-            texts, self._added_pattern, self._added_pattern)  # (B, S)
+            nonempty = tf.strings.length(texts) > 0
+            segments = tf.RaggedTensor.from_row_lengths(tf.boolean_mask(texts, nonempty), tf.cast(
+                nonempty, tf.int64), validate=False)  # (B, 0 or 1)
+        else:
+            segments = split_keeping(texts, self._added_pattern)  # (B, S)
         flat = segments.flat_values
-        return segments, self._added_table.lookup(flat), tf.equal(starts.flat_values, 0)
+        added = (self._added_table.lookup(flat) if self._added_table is not None
+                 else tf.fill(tf.shape(flat), -1))
+        return segments, added, tf.equal(row_positions(segments), 0)
 
-    def encode(self, texts, add_special_tokens: bool = True) -> tf.RaggedTensor:
-        """Token ids of `texts`, as `tokenizers.Tokenizer.encode(text).ids`.
+    @tf.autograph.experimental.do_not_convert  # graph control flow is explicit: tracing
+    def encode(self, texts, add_special_tokens: bool = True, truncate: bool = True,
+               pad: bool = True) -> tf.RaggedTensor:
+        """Token ids of `texts`, as `tokenizers.Tokenizer.encode_batch(texts)` gives them.
+
+        `tokenizer.json`'s `truncation` and `padding` sections (`self.truncation`,
+        `self.padding`) are applied as `tokenizers` applies them (see `tokenizer_lengths`).
 
         Args:
-            texts: string tensor or list of str, `(B,)` (a scalar is a batch of one).
+            texts: string tensor or list of str, `(B,)` (a scalar is a batch of one), valid
+                UTF-8.
             add_special_tokens: bool, whether to add the template's special tokens (BOS,
                 `[CLS]`/`[SEP]`). Defaults to `True`.
+            truncate: bool, whether to apply the `truncation` section (when there is one).
+                Defaults to `True`.
+            pad: bool, whether to apply the `padding` section (when there is one). Defaults
+                to `True`.
 
         Returns:
             `tf.RaggedTensor` of int32, `(B, None)`.
         """
-        texts = tf.convert_to_tensor(texts, tf.string)
-        if texts.shape.rank == 0:
-            texts = texts[None]
-        segments, added_ids, first = self._segments(texts)
+        for name, value in (("add_special_tokens", add_special_tokens), ("truncate", truncate),
+                            ("pad", pad)):
+            check_bool(name, value)
+        texts = _texts_batch(texts)
+        if tf.executing_eagerly():  # one traced graph per option set, not op by op
+            return self._compiled(("encode", add_special_tokens, truncate, pad), lambda t: (
+                self._encode(t, add_special_tokens, truncate, pad)), _TEXTS)(texts)
+        return self._encode(texts, add_special_tokens, truncate, pad)
+
+    def _encode(self, texts, add_special_tokens, truncate, pad):
+        segments, added_ids, first = self._segments(texts)  # (B, S)
         plain = added_ids < 0
         encoded = self._encode_segments(tf.boolean_mask(segments.flat_values, plain),
                                         tf.boolean_mask(first, plain))
-        added_rows = tf.RaggedTensor.from_row_lengths(
-            tf.boolean_mask(added_ids, ~plain), tf.ones_like(tf.boolean_mask(added_ids, ~plain),
-                                                             tf.int64))
-        position = tf.concat([tf.where(plain)[:, 0], tf.where(~plain)[:, 0]], axis=0)
-        rows = tf.gather(tf.concat([tf.cast(encoded, tf.int32), added_rows], axis=0),
-                         tf.argsort(position))  # (N, None) back in text order
-        ids = tf.RaggedTensor.from_row_splits(rows, segments.row_splits).merge_dims(1, 2)
+        added = tf.boolean_mask(added_ids, ~plain)
+        rows = place_rows([(tf.where(plain)[:, 0], tf.cast(encoded.flat_values, tf.int32),
+                            encoded.row_lengths()),
+                           (tf.where(~plain)[:, 0], added, tf.ones_like(added, tf.int64))],
+                          tf.size(added_ids, tf.int64))  # (B * S, None) in text order
+        ids = nested(segments, rows)  # (B, None)
+        if truncate and self.truncation is not None:
+            special = int(self._prefix.shape[0] + self._suffix.shape[0])
+            ids = truncate_ids(ids, self.truncation, special if add_special_tokens else 0)
         if add_special_tokens:
-            batch = tf.shape(texts)[:1]
-            prefix = tf.RaggedTensor.from_tensor(tf.tile(self._prefix[None], tf.concat(
-                [batch, [1]], 0)))
-            suffix = tf.RaggedTensor.from_tensor(tf.tile(self._suffix[None], tf.concat(
-                [batch, [1]], 0)))
-            ids = tf.concat([prefix, ids, suffix], axis=1)
+            ids = around(ids, self._prefix, self._suffix)
+        if pad and self.padding is not None:
+            ids = pad_ids(ids, self.padding)
         return ids
 
+    def _compiled(self, key, function, *signature):
+        """`function` traced once per `key` for the tensors of `signature` (a concrete
+        function: the cheapest call), kept where a SavedModel of the tokenizer does not
+        look."""
+        functions = self._functions.functions
+        if key not in functions:
+            functions[key] = tf.function(function, input_signature=signature,
+                                         autograph=False).get_concrete_function()
+        return functions[key]
+
+    @tf.autograph.experimental.do_not_convert  # without autograph takes seconds less
     def decode(self, ids, skip_special_tokens: bool = True) -> tf.Tensor:
         """Text of token ids, as `tokenizers.Tokenizer.decode(ids, skip_special_tokens)`.
 
         Ids outside the vocabulary are dropped (the `tokenizers` library skips them too).
 
         Args:
-            ids: int tensor `(B, T)`, `tf.RaggedTensor` `(B, None)` or nested lists.
+            ids: integer tensor `(B, T)`, `tf.RaggedTensor` `(B, None)` or a list of lists of
+                int.
             skip_special_tokens: bool, whether special tokens are dropped. Defaults to `True`.
 
         Returns:
             string tensor `(B,)`.
         """
-        if isinstance(ids, (list, tuple)):
-            ids = tf.ragged.constant(ids, dtype=tf.int32, ragged_rank=1)
-        elif not isinstance(ids, tf.RaggedTensor):
-            ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids))
-        ids = tf.cast(ids, tf.int32)
-        inside = (ids >= 0) & (ids < self.vocab_size)
-        ids = tf.ragged.boolean_mask(ids, inside)
+        check_bool("skip_special_tokens", skip_special_tokens)
+        ids = _ids_batch(ids)  # int64: an id past int32 is outside, not wrapped into it
+        if tf.executing_eagerly():
+            return self._compiled(("decode", skip_special_tokens), lambda values, splits: (
+                self._decode(tf.RaggedTensor.from_row_splits(values, splits, validate=False),
+                             skip_special_tokens)), _IDS, _IDS)(ids.flat_values, ids.row_splits)
+        return self._decode(ids, skip_special_tokens)
+
+    def _decode(self, ids, skip_special_tokens):
+        flat = ids.flat_values  # (N,) int64
+        inside = (flat >= 0) & (flat < self.vocab_size)
+        flat = tf.cast(tf.where(inside, flat, 0), tf.int32)
         dropped = tf.gather(self._dropped_if_special if skip_special_tokens else self._holes,
-                            ids)
-        return self._decode_ids(tf.ragged.boolean_mask(ids, ~dropped))
+                            flat)
+        return self._decode_kept(ids.with_flat_values(flat), inside & ~dropped)
+
+    def _decode_kept(self, ids: tf.RaggedTensor, keep: tf.Tensor) -> tf.Tensor:
+        """Ids `(B, None)` of the vocabulary and which of them are decoded `(N,)` -> strings
+        `(B,)`."""
+        return self._decode_ids(keep_values(ids, keep))
+
+
+_TEXTS = tf.TensorSpec([None], tf.string)
+_IDS = tf.TensorSpec([None], tf.int64)  # the values and row splits of ids (B, None)
+
+
+class _Functions:
+    """The traced functions of a tokenizer's eager calls: a plain object, so that `tf.Module`
+    tracks (and a SavedModel saves) none of them."""
+
+    def __init__(self):
+        self.functions = {}
+
+
+def _texts_batch(texts) -> tf.Tensor:
+    """`encode`'s `texts` as a string tensor `(B,)` of valid UTF-8, or a ValueError."""
+    if isinstance(texts, tf.RaggedTensor):
+        texts_shape = texts.shape
+    else:
+        try:
+            texts = tf.convert_to_tensor(texts, tf.string)
+        except (TypeError, ValueError) as error:
+            raise ValueError("Argument `texts` must be a string or a batch (list, 1-D tensor) "
+                             f"of strings. Received: texts={texts!r:.200}") from error
+        texts_shape = texts.shape
+        if texts_shape.rank == 0:
+            return _utf8_checked(texts[None])
+        if texts_shape.rank == 1:
+            return _utf8_checked(texts)
+    raise ValueError("Argument `texts` must be a string or a 1-D batch of strings (nested "
+                     "lists are not joined into one text; pairs are not supported). Received: "
+                     f"texts of shape {texts_shape}")
+
+
+def _utf8_checked(texts: tf.Tensor) -> tf.Tensor:
+    """`texts` `(B,)`, after checking that every text is valid UTF-8 (eagerly a ValueError;
+    in a graph an assertion that fails the call)."""
+    valid = tf.equal(tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace",
+                                                  replacement_char=0xFFFD,
+                                                  replace_control_characters=False), texts)
+    message = "Argument `texts` must be valid UTF-8; invalid in row"
+    if tf.executing_eagerly():
+        bad = np.flatnonzero(~valid.numpy())
+        if bad.size:
+            raise ValueError(f"{message} {int(bad[0])}: {texts[int(bad[0])].numpy()[:80]!r}")
+        return texts
+    check = tf.debugging.Assert(tf.reduce_all(valid), [message, tf.where(~valid)[:1, 0]])
+    with tf.control_dependencies([check]):
+        return tf.identity(texts)
+
+
+def _ids_batch(ids) -> tf.RaggedTensor:
+    """`decode`'s `ids` as an int64 `tf.RaggedTensor` `(B, None)`, or a ValueError."""
+    if isinstance(ids, (list, tuple)):
+        rows = [row.tolist() if isinstance(row, np.ndarray) else row for row in ids]
+        flat = [x for row in rows if isinstance(row, (list, tuple)) for x in row]
+        values = np.asarray(flat if flat else np.zeros([0], np.int64))
+        if (not all(isinstance(row, (list, tuple)) for row in rows) or values.ndim != 1
+                or values.dtype.kind not in "iu"):  # (much faster than tf.ragged.constant)
+            raise ValueError("Argument `ids` must be a batch of token id sequences (a list of "
+                             f"lists of int; floats are not truncated to ids). Received: "
+                             f"ids={ids!r:.200}")
+        return tf.RaggedTensor.from_row_lengths(values.astype(np.int64),
+                                                [len(row) for row in rows], validate=False)
+    elif not isinstance(ids, tf.RaggedTensor):
+        try:
+            ids = tf.convert_to_tensor(ids)
+        except (TypeError, ValueError) as error:
+            raise ValueError("Argument `ids` must be an integer tensor (batch, length). "
+                             f"Received: ids={ids!r:.200}") from error
+    values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+    if values.shape.num_elements() == 0:  # `[[]]` is a float32 list to TensorFlow
+        ids = tf.cast(ids, tf.int64)
+    if not ids.dtype.is_integer or ids.shape.rank != 2:
+        raise ValueError("Argument `ids` must be integer token ids of shape (batch, length) "
+                         "(a list of lists of int, a 2-D tensor or a RaggedTensor); floats are "
+                         f"not truncated to ids. Received: ids of dtype {ids.dtype.name} and "
+                         f"shape {ids.shape}")
+    if not isinstance(ids, tf.RaggedTensor):
+        ids = tf.RaggedTensor.from_tensor(ids)
+    return tf.cast(ids, tf.int64).with_row_splits_dtype(tf.int64)
 
 
 def _re2_escape(text: str) -> str:
     return "".join(f"\\x{{{ord(c):x}}}" for c in text)
 
 
-def special_ids(directory: str, token_to_id) -> dict:
-    """bos/eos/pad/unk ids from `tokenizer_config.json` (or `special_tokens_map.json`)."""
-    found = {}
+def special_ids(directory: str, token_to_id, defaults: dict | None = None) -> dict:
+    """bos/eos/pad/unk ids from `tokenizer_config.json` (or `special_tokens_map.json`), else
+    of the tokens in `defaults` (key -> token)."""
+    found = {key: token_to_id(token) for key, token in (defaults or {}).items()}
+    found = {key: index for key, index in found.items() if index is not None}
+    explicit = set()
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         path = os.path.join(directory, name)
         if os.path.isfile(path):
             config = read_json(path)
             for key in ("bos", "eos", "pad", "unk"):
                 content = _token_content(config.get(f"{key}_token"))
-                if key not in found and content is not None:
+                if key not in explicit and content is not None:
                     found[key] = token_to_id(content)
+                    explicit.add(key)
     return {key: found.get(key) for key in ("bos", "eos", "pad", "unk")}
 
 
 def added_tokens(spec: dict, normalized_ok: bool) -> tuple[dict[str, int], list[int]]:
-    """`tokenizer.json`'s added tokens (content -> id) and the special ones' ids."""
+    """`tokenizer.json`'s added tokens (content -> id) and the special ones' ids (an empty
+    content is skipped, as `tokenizers` skips it)."""
     added, special = {}, []
     for token in spec.get("added_tokens") or []:
+        if not isinstance(token, dict) or not isinstance(token.get("content"), str) or not (
+                isinstance(token.get("id"), int) and token["id"] >= 0):
+            refuse_tokenizer("added_tokens", token, "expected {content, id} entries")
+        if token["content"] == "":
+            continue
         for option in ("lstrip", "rstrip", "single_word"):
             if token.get(option):
                 refuse_tokenizer(f"added_tokens[{token['content']!r}].{option}", True,
@@ -265,6 +453,16 @@ def added_tokens(spec: dict, normalized_ok: bool) -> tuple[dict[str, int], list[
         if token.get("special"):
             special.append(token["id"])
     return added, special
+
+
+def model_vocab(model: dict) -> dict[str, int]:
+    """`model["vocab"]`, checked: token -> non-negative id (what `tokenizers` reads)."""
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not all(
+            isinstance(index, int) and not isinstance(index, bool) and index >= 0
+            for index in vocab.values()):
+        refuse_tokenizer("model.vocab", type(vocab).__name__, "expected token -> id")
+    return vocab
 
 
 def id_table(vocab: dict[str, int], added: dict[str, int]) -> list[str]:

@@ -13,22 +13,32 @@ engine of TensorFlow) does not have. Its effect is reproduced exactly in two ste
    piece or is a single character.
 
 `\\s` is spelled out as Unicode's White_Space (what the `tokenizers` library's Oniguruma
-matches). The merges are keras-hub's `BytePairTokenizer`'s (its cache, primed with the whole
-vocabulary when `ignore_merges` asks that a pre-token found in the vocabulary be kept whole).
+matches). The merges are `tokenizer_merges.BytePairMerger`'s. A directory without
+`tokenizer.json` but with GPT-2's `vocab.json` and `merges.txt` is read as transformers'
+`GPT2Tokenizer` reads it (`gpt2_spec`).
 """
 
 from __future__ import annotations
+
+import os
 
 import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_attn.checkpoints.tokenizer_base import (
+    DEFAULT_SPECIALS,
     MARK,
     CheckpointTokenizer,
+    _token_content,
     added_tokens,
     expect_component,
+    model_vocab,
+    read_json,
     refuse_tokenizer,
+    split_keeping,
 )
+from keras_attn.checkpoints.tokenizer_merges import BytePairMerger
+from keras_attn.checkpoints.tokenizer_ragged import join_rows, nested
 
 # Unicode White_Space, as a character-class body; and without \n, \r.
 WS = (r"\t-\r \x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}"
@@ -106,11 +116,10 @@ def _check_model(model: dict) -> None:
 
 
 class ByteLevelBPETokenizer(CheckpointTokenizer):
-    """Byte-level BPE: NFC (optional), split regex, bytes to GPT-2's alphabet, BPE merges."""
+    """Byte-level BPE: NFC (optional), split regex, bytes to GPT-2's alphabet, BPE merges
+    (the attribute `merger`, a `tokenizer_merges.BytePairMerger`)."""
 
     def __init__(self, spec: dict, directory: str):
-        import keras_hub
-
         model = spec["model"]
         _check_model(model)
         normalizer = spec.get("normalizer")
@@ -119,7 +128,7 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
         expect_component(spec, "decoder", lambda d: d.get("type") == "ByteLevel",
                          "expected ByteLevel")
         added, special = added_tokens(spec, normalized_ok=normalizer is None)
-        vocab = model["vocab"]
+        vocab = model_vocab(model)
         alphabet = bytes_to_unicode()
         missing = [byte for byte, char in alphabet.items() if char not in vocab]
         if missing:
@@ -128,18 +137,12 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
         tokens = self.init_from_spec("byte_level_bpe", spec, directory, vocab, added, special)
         self._nfc = normalizer is not None
         self._boundary, self._split = RE2_SPLITS[_pre_tokenizer_regex(spec)]
-        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-        self._bpe = keras_hub.tokenizers.BytePairTokenizer(
-            vocabulary=dict(vocab), merges=merges, unsplittable_tokens=[],
-            _allow_python_workflow=False)
-        if model.get("ignore_merges"):  # a pre-token in the vocabulary is kept whole
-            inverse = {char: byte for byte, char in alphabet.items()}
-            keys, values = [], []
-            for token in vocab:
-                if all(char in inverse for char in token):
-                    keys.append(bytes(inverse[char] for char in token))
-                    values.append(token)
-            self._bpe.cache.insert(tf.constant(keys), tf.constant(values))
+        merges = model.get("merges") or []
+        if not isinstance(merges, list):
+            refuse_tokenizer("model.merges", type(merges).__name__, "expected a list")
+        self.merger = BytePairMerger(vocab, merges,
+                                   [alphabet[byte] for byte in range(256)],
+                                   ignore_merges=bool(model.get("ignore_merges")))
         self._bytes = tf.constant([self._token_bytes(token, token in added, inverse_map(alphabet))
                                    for token in tokens])
 
@@ -151,30 +154,17 @@ class ByteLevelBPETokenizer(CheckpointTokenizer):
             return bytes(inverse[char] for char in token)
         return token.encode("utf-8")
 
-    def _merge(self, words: tf.Tensor) -> tf.RaggedTensor:
-        """Pre-tokens `(W,)` -> ids `(W, None)` through keras-hub's merge loop and cache."""
-        bpe = self._bpe
-        cached = bpe.cache.lookup(words)
-        unseen = tf.equal(cached, "")
-
-        def merge():
-            bpe._bpe_merge_and_update_cache_tf(tf.boolean_mask(words, unseen))
-            return bpe.cache.lookup(words)
-
-        merged = tf.cond(tf.reduce_any(unseen & (words != "")), merge, lambda: cached)
-        return bpe.token_to_id_map.lookup(tf.strings.split(merged, sep=" "))
-
     def _encode_segments(self, segments, first):
         if self._nfc:
             segments = tf_text.normalize_utf8(segments, "NFC")
         marked = tf.strings.regex_replace(segments, self._boundary, b"\\1" + MARK + b"\\2")
         pieces = tf.strings.split(marked, sep=MARK)  # (N, P)
-        words = tf_text.regex_split(pieces, self._split, self._split).merge_dims(1, 2)
-        ids = self._merge(words.flat_values)  # (W, None)
-        return tf.RaggedTensor.from_row_splits(ids, words.row_splits).merge_dims(1, 2)
+        words = nested(pieces, split_keeping(pieces.flat_values, self._split))  # (N, W)
+        return nested(words, self.merger.merge(words.flat_values))  # (N, None)
 
-    def _decode_ids(self, ids):
-        raw = tf.strings.reduce_join(tf.gather(self._bytes, ids), axis=1)
+    def _decode_kept(self, ids, keep):
+        pieces = tf.where(keep, tf.gather(self._bytes, ids.flat_values), "")  # (N,)
+        raw = join_rows(ids.with_flat_values(pieces))  # (B,)
         # invalid UTF-8 -> U+FFFD per maximal invalid subsequence (Rust's from_utf8_lossy)
         return tf.strings.unicode_transcode(raw, "UTF-8", "UTF-8", errors="replace",
                                             replacement_char=0xFFFD,
@@ -185,6 +175,66 @@ def inverse_map(alphabet: dict[int, str]) -> dict[str, int]:
     return {char: byte for byte, char in alphabet.items()}
 
 
-def byte_level_bpe_tokenizer(directory: str, spec: dict) -> ByteLevelBPETokenizer:
-    """The `tokenizer.json` byte-level BPE of `directory` (see `load_tokenizer`)."""
-    return ByteLevelBPETokenizer(spec, directory)
+def byte_level_bpe_tokenizer(directory: str, spec: dict | None) -> ByteLevelBPETokenizer:
+    """The byte-level BPE of `directory` (see `load_tokenizer`): its `tokenizer.json`, or
+    without one its `vocab.json` and `merges.txt` (`gpt2_spec`)."""
+    return ByteLevelBPETokenizer(spec if spec is not None else gpt2_spec(directory), directory)
+
+
+GPT2_CLASSES = (None, "GPT2Tokenizer", "GPT2TokenizerFast")
+
+
+def gpt2_spec(directory: str) -> dict:
+    """The `tokenizer.json` transformers' `GPT2Tokenizer` builds from `vocab.json` and
+    `merges.txt` (GPT-2's classic layout) and the options of `tokenizer_config.json`:
+    `ByteLevel` pre-tokenizer and decoder, unk/bos/eos `<|endoftext|>` unless named, added
+    as special tokens, `add_bos_token` / `add_eos_token` as the template."""
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    config = read_json(config_path) if os.path.isfile(config_path) else {}
+    if config.get("tokenizer_class") not in GPT2_CLASSES:
+        refuse_tokenizer("tokenizer_config.json tokenizer_class", config["tokenizer_class"],
+                         "vocab.json and merges.txt are read as GPT-2's (GPT2Tokenizer)")
+    if os.path.isfile(os.path.join(directory, "added_tokens.json")):
+        refuse_tokenizer("added_tokens.json", "present", "its tokens are not read")
+    vocab = read_json(os.path.join(directory, "vocab.json"))
+    if not all(isinstance(index, int) and not isinstance(index, bool)
+               for index in vocab.values()):
+        refuse_tokenizer("vocab.json", f"{len(vocab)} entries", "expected token -> id")
+    merges = []
+    with open(os.path.join(directory, "merges.txt"), encoding="utf-8") as file:
+        for number, line in enumerate(file, 1):
+            line = line.rstrip("\n")
+            if not line or (number == 1 and line.startswith("#version")):
+                continue
+            if len(line.split(" ")) != 2:
+                refuse_tokenizer(f"merges.txt line {number}", line, "expected two tokens")
+            merges.append(line)
+    defaults = {"unk": "<|endoftext|>", "bos": "<|endoftext|>", "eos": "<|endoftext|>"}
+    names = {key: _token_content(config.get(f"{key}_token", defaults.get(key)))
+             for key in ("unk", "bos", "eos", "pad")}
+    added = {int(index): token for index, token in
+             (config.get("added_tokens_decoder") or {}).items()}
+    for token in dict.fromkeys(name for name in names.values() if name is not None):
+        if token not in vocab and token not in [t.get("content") for t in added.values()]:
+            refuse_tokenizer("vocab.json", f"{len(vocab)} tokens", f"no {token!r} (transformers "
+                             "would add it with a new id)")
+        index = vocab.get(token)
+        if index is not None and index not in added:
+            added[index] = {"content": token, "special": True}
+    template = [{"Sequence": {"id": "A", "type_id": 0}}]
+    specials = {}
+    for key, where in (("bos", 0), ("eos", len(template) + 1)):
+        if config.get(f"add_{key}_token") and names[key] is not None:
+            template.insert(where, {"SpecialToken": {"id": names[key], "type_id": 0}})
+            specials[names[key]] = {"id": names[key], "ids": [vocab[names[key]]],
+                                    "tokens": [names[key]]}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": bool(config.get("add_prefix_space")),
+                  "trim_offsets": True, "use_regex": True}
+    return {
+        "added_tokens": [{"id": index, **token} for index, token in sorted(added.items())],
+        "normalizer": None, "pre_tokenizer": byte_level, "decoder": byte_level,
+        "post_processor": {"type": "TemplateProcessing", "single": template,
+                           "special_tokens": specials},
+        "model": {"type": "BPE", "vocab": vocab, "merges": merges},
+        DEFAULT_SPECIALS: {key: token for key, token in names.items() if token is not None},
+    }

@@ -24,8 +24,10 @@ from keras_attn.checkpoints.tokenizer_base import (
     CheckpointTokenizer,
     added_tokens,
     expect_component,
+    model_vocab,
     refuse_tokenizer,
 )
+from keras_attn.checkpoints.tokenizer_ragged import join_rows
 
 SPACE = "▁"
 DECODER = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
@@ -95,7 +97,7 @@ class SentencePieceTokenizer(CheckpointTokenizer):
                          "expected Replace('▁', ' '), ByteFallback, Fuse, Strip(' ', 1, 0)")
         self._rule = _prefix_rule(spec)
         added, special = added_tokens(spec, normalized_ok=False)
-        tokens = self.init_from_spec("sentencepiece", spec, directory, model["vocab"], added,
+        tokens = self.init_from_spec("sentencepiece", spec, directory, model_vocab(model), added,
                                      special)
         self._model = tf_text.SentencepieceTokenizer(
             _model_proto(directory, tokens, bool(model.get("byte_fallback"))), out_type=tf.int32)
@@ -117,6 +119,18 @@ class SentencePieceTokenizer(CheckpointTokenizer):
         return self._model.tokenize(segments)
 
     def _decode_ids(self, ids):
+        # Byte tokens as their bytes: right wherever every run of them is valid UTF-8, which
+        # is when the rows are (the other tokens are whole characters); else run by run.
+        joined = join_rows(tf.gather(self._texts, ids))  # (B,)
+        valid = tf.equal(tf.strings.unicode_transcode(
+            joined, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD,
+            replace_control_characters=False), joined)
+        text = tf.cond(tf.reduce_all(valid), lambda: joined, lambda: self._decode_runs(ids))
+        return tf.strings.regex_replace(text, "^ ", "")
+
+    def _decode_runs(self, ids):
+        """Ids `(B, None)` -> text `(B,)` (before `Strip`), a run of byte tokens decoded as
+        UTF-8, or as one U+FFFD per byte when invalid (`ByteFallback`)."""
         texts, is_byte = tf.gather(self._texts, ids), tf.gather(self._is_byte, ids)  # (B, T)
         flat_bytes, flat_texts = is_byte.flat_values, texts.flat_values
         # runs of byte tokens: a run starts at a byte token not preceded by one in its row
@@ -140,8 +154,7 @@ class SentencePieceTokenizer(CheckpointTokenizer):
         run_text = tf.concat([run_text, tf.constant([""])], axis=0)
         pieces = tf.where(starts, tf.gather(run_text, tf.maximum(run, 0)),
                           tf.where(flat_bytes, "", flat_texts))
-        text = tf.strings.reduce_join(ids.with_flat_values(pieces), axis=1)
-        return tf.strings.regex_replace(text, "^ ", "")
+        return join_rows(ids.with_flat_values(pieces))
 
 
 def sentencepiece_tokenizer(directory: str, spec: dict | None) -> SentencePieceTokenizer:

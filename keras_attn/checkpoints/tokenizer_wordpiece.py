@@ -27,18 +27,21 @@ from keras_attn.checkpoints.tokenizer_base import (
     _token_content,
     added_tokens,
     expect_component,
+    model_vocab,
     read_json,
     refuse_tokenizer,
+    split_keeping,
 )
 from keras_attn.checkpoints.tokenizer_bpe import WS
+from keras_attn.checkpoints.tokenizer_ragged import join_rows, nested, row_positions
 
 FORMAT = (r"\x{ad}\x{600}-\x{605}\x{61c}\x{6dd}\x{70f}\x{180e}\x{200b}-\x{200f}\x{202a}-\x{202e}"
           r"\x{2060}-\x{2064}\x{2066}-\x{206f}\x{feff}\x{fff9}-\x{fffb}\x{110bd}"
           r"\x{1bca0}-\x{1bca3}\x{1d173}-\x{1d17a}\x{e0001}\x{e0020}-\x{e007f}")
 CLEAN_REMOVED = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\x{fffd}\p{Co}" + FORMAT + "]"
 CLEAN_SPACE = r"[\t\n\r\p{Zs}\x{2028}\x{2029}]"
-CJK = (r"([\x{4e00}-\x{9fff}\x{3400}-\x{4dbf}\x{20000}-\x{2a6df}\x{2a700}-\x{2b73f}"
-       r"\x{2b740}-\x{2b81f}\x{2b920}-\x{2ceaf}\x{f900}-\x{faff}\x{2f800}-\x{2fa1f}])")
+CJK = (r"[\x{4e00}-\x{9fff}\x{3400}-\x{4dbf}\x{20000}-\x{2a6df}\x{2a700}-\x{2b73f}"
+       r"\x{2b740}-\x{2b81f}\x{2b920}-\x{2ceaf}\x{f900}-\x{faff}\x{2f800}-\x{2fa1f}]")
 PUNCTUATION = r"[!-/:-@\[-`{-~\p{P}]"
 CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
            (" 'm", "'m"), (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"),
@@ -48,6 +51,22 @@ NORMALIZER_KEYS = {"type", "clean_text", "handle_chinese_chars", "strip_accents"
 
 def _literal(text: str) -> str:
     return "".join(f"\\x{{{ord(c):x}}}" for c in text)
+
+
+# CLEANUP on a token whose only space is the first character: the patterns that can match
+CLEANUP_FIRST = "^ (" + "|".join(_literal(old[1:]) for old, _ in CLEANUP
+                                  if " " not in old[1:]) + ")"
+
+
+def _lower(text: tf.Tensor) -> tf.Tensor:
+    """`tf.strings.lower` (UTF-8) of every piece between NUL characters, which it would end
+    the text at (`clean_text=False` keeps them)."""
+    pieces = tf.strings.split(text, sep="\x00")  # (N, P)
+    last = tf.equal(row_positions(pieces), tf.gather(pieces.row_lengths() - 1,
+                                                     pieces.value_rowids()))
+    nul = tf.where(last, "", tf.constant(b"\x00"))  # a NUL tensor: an attribute would end at it
+    lowered = tf.strings.join([tf.strings.lower(pieces.flat_values, encoding="utf-8"), nul])
+    return join_rows(pieces.with_flat_values(lowered))
 
 
 def _from_vocab_txt(directory: str) -> dict:
@@ -93,7 +112,7 @@ class WordPieceTokenizer(CheckpointTokenizer):
         decoder = expect_component(spec, "decoder", lambda d: d.get("type") == "WordPiece",
                                    "expected WordPiece")
         model = spec["model"]
-        vocab = model["vocab"]
+        vocab = model_vocab(model)
         if sorted(vocab.values()) != list(range(len(vocab))):
             refuse_tokenizer("model.vocab", f"{len(vocab)} tokens", "ids are not 0 ... n - 1")
         added, special = added_tokens(spec, normalized_ok=True)
@@ -117,41 +136,42 @@ class WordPieceTokenizer(CheckpointTokenizer):
             max_bytes_per_word=4 * self._max_chars, token_out_type=tf.int32,
             unknown_token=self._unk, no_pretokenization=True)
         self._strings = tf.constant(tokens)
+        self._spaced = any(" " in token for token in tokens)  # then CLEANUP pass by pass
 
     def _normalize(self, text):
         if self._clean:
             text = tf.strings.regex_replace(text, CLEAN_REMOVED, "")
             text = tf.strings.regex_replace(text, CLEAN_SPACE, " ")
         if self._chinese:
-            text = tf.strings.regex_replace(text, CJK, r" \1 ")
+            text = tf.strings.regex_replace(text, CJK, r" \0 ")
         if self._strip_accents:
             text = tf.strings.regex_replace(tf_text.normalize_utf8(text, "NFD"), r"\p{Mn}", "")
         if self._lowercase:  # per character: no final sigma (ICU's lower has one)
             text = tf.strings.regex_replace(text, "\u0130", "i\u0307")
-            text = tf.strings.lower(tf.strings.regex_replace(text, "\u03a3", "\u03c3"),
-                                    encoding="utf-8")
+            text = _lower(tf.strings.regex_replace(text, "\u03a3", "\u03c3"))
         return text
 
     def _encode_segments(self, segments, first):
-        delimiters = f"[{WS}]+|{PUNCTUATION}"
-        words = tf_text.regex_split(self._normalize(segments), delimiters, PUNCTUATION)
+        words = split_keeping(self._normalize(segments), PUNCTUATION, dropped=f"[{WS}]+")
         flat = words.flat_values  # (W,)
         too_long = tf.strings.length(flat, unit="UTF8_CHAR") > self._max_chars
         ids = self._wordpiece.tokenize(tf.where(too_long, self._unk, flat))  # (W, None)
-        return tf.RaggedTensor.from_row_splits(ids, words.row_splits).merge_dims(1, 2)
+        return nested(words, ids)
 
     def _decode_ids(self, ids):
         tokens = tf.gather(self._strings, ids).flat_values
-        position = tf.ragged.range(ids.row_lengths()).flat_values
-        size = len(self._decode_prefix)
+        position = row_positions(ids)
+        size = len(self._decode_prefix.encode())
         continued = tf.equal(tf.strings.substr(tokens, 0, size), self._decode_prefix)
         stripped = tf.strings.regex_replace(tokens, "^" + _literal(self._decode_prefix), "")
         tokens = tf.where(position == 0, tokens,
                           tf.where(continued, stripped, tf.strings.join([" ", tokens])))
-        if self._cleanup:
+        if self._cleanup and self._spaced:
             for old, new in CLEANUP:
                 tokens = tf.strings.regex_replace(tokens, _literal(old), new)
-        return tf.strings.reduce_join(ids.with_flat_values(tokens), axis=1)
+        elif self._cleanup:  # a token's one space is its first character: one pass, the same
+            tokens = tf.strings.regex_replace(tokens, CLEANUP_FIRST, r"\1")
+        return join_rows(ids.with_flat_values(tokens))
 
 
 def wordpiece_tokenizer(directory: str, spec: dict | None) -> WordPieceTokenizer:
