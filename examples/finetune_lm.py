@@ -143,7 +143,7 @@ def main(argv=None) -> dict:
 
     keras.utils.set_random_seed(args.seed)
     texts = passages(args.data, args.passage_chars)[:args.max_passages]
-    cut = max(1, int(round(len(texts) * (1 - args.validation_fraction))))
+    cut = max(1, round(len(texts) * (1 - args.validation_fraction)))
     train, validation = texts[:cut], texts[cut:] or texts[-1:]
     print(f"{args.data}: {len(train)} training and {len(validation)} validation passages")
     os.makedirs(args.out, exist_ok=True)

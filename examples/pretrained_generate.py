@@ -96,7 +96,7 @@ def generate(model, tokenizer, spec, prompts, args) -> tuple[list[str], float, i
     from keras_attn.checkpoints import generation_ids
 
     ids = generation_ids(spec)
-    rows = tokenizer.encode(prompts).to_list()
+    rows = tokenizer.encode(prompts, truncate=False, pad=False).to_list()
     if spec.bos_token_id is not None:  # an empty prompt starts from <bos> (as the export)
         rows = [row or [spec.bos_token_id] for row in rows]
     if not all(rows):

@@ -201,7 +201,8 @@ def make_checkpoint_generate_fn(model, tokenizer, spec, max_length: int):
             caps={"max_new_tokens": max_length}, max_new_tokens=max_new_tokens,
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         batch = tf.shape(prompt)[0]
-        body = tokenizer.encode(prompt, add_special_tokens=False)  # ragged (B, None)
+        body = tokenizer.encode(prompt, add_special_tokens=False, truncate=False,
+                                pad=False)  # ragged (B, None): as transformers generates
         # Room for the new tokens, at most half the positions; the rest holds the template
         # and the most recent prompt tokens.
         room = tf.minimum(settings["max_new_tokens"], (max_length - 1) // 2)

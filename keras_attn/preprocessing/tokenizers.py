@@ -324,7 +324,8 @@ class PretrainedTokenizer(Tokenizer):
     vocabulary_size = property(lambda self: self.tokenizer.vocab_size)
 
     def _tokenize(self, texts):
-        return self.tokenizer.encode(texts, add_special_tokens=False)
+        # The preprocessors lay sequences out themselves (as transformers generates).
+        return self.tokenizer.encode(texts, add_special_tokens=False, truncate=False, pad=False)
 
     def _detokenize(self, ids):
         return self.tokenizer.decode(ids)
