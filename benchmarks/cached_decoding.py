@@ -3,7 +3,7 @@
 Both searches run as one compiled `tf.function` over a `tf.while_loop` and produce the same
 tokens (asserted):
 
-- cached: `keras_attn.decoding.greedy_search`, one token per step through
+- cached: `keras_attn.decoding.generate` (greedy), one token per step through
   `TransformerDecoder.decode_step`, keys/values written in place into caches preallocated to
   the full length;
 - uncached: the encoder once, then at step i the full decoder forward pass over the whole
@@ -96,8 +96,8 @@ def main() -> None:
     never = None  # no end token: every sequence gets all its tokens
 
     def cached():
-        return decoding.greedy_search(model, source, args.new_tokens, eos_id=never,
-                                      jit_compile=args.jit_compile)
+        return decoding.generate(model, source, args.new_tokens, stop_token_ids=never,
+                                 jit_compile=args.jit_compile)
 
     uncached_search = uncached_greedy(model, args.new_tokens)
 

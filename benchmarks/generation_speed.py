@@ -69,7 +69,7 @@ def main(argv=None) -> None:
             "keras_hub": lambda hub_inputs=hub_inputs: hub.generate(
                 hub_inputs, stop_token_ids=None),
             "keras_attn": lambda prompt=prompt: ka.decoding.generate(
-                ours, prompt, total, eos_id=None, jit_compile=args.xla),
+                ours, prompt, total, stop_token_ids=None, jit_compile=args.xla),
         }
         for fn in fns.values():
             sync(fn())

@@ -19,10 +19,11 @@ compilation), then `--rounds` timed calls, median. The configurations:
   `keras-hub float32-xla`: the same with `compile(..., jit_compile=True)` (TensorFlow);
 - `keras_attn <variant>`: `keras_attn.checkpoints.build_model` of the same architecture with
   random canonical weights (NumPy, seeded: every variant has the same weights), generating with
-  `keras_attn.decoding.generate(eos_id=None)`; `float32`, `bfloat16` (`dtype="bfloat16"`: the
-  weights and the arithmetic) and `int8` (`model.quantize("int8")`, Keras' int8 path), and
-  with `-xla` `generate(jit_compile=True)`. On the JAX backend `generate` is always compiled.
-  int8 without XLA on TensorFlow and int8 on JAX run only when named (`--only int8`).
+  `keras_attn.decoding.generate(stop_token_ids=None)`; `float32`, `bfloat16`
+  (`dtype="bfloat16"`: the weights and the arithmetic) and `int8` (`model.quantize("int8")`,
+  Keras' int8 path), and with `-xla` `generate(jit_compile=True)`. On the JAX backend
+  `generate` is always compiled. int8 without XLA on TensorFlow and int8 on JAX run only when
+  named (`--only int8`).
 
 Agreement with float32 (the issue's goal: "greedy tokens agreeing with float32 on at least 99%
 of positions"), measured against keras_attn float32 on the same backend and batch:
@@ -245,7 +246,8 @@ def keras_attn_generate(shape: str, new_tokens: int, variant: str):
 
     def generate(prompt):  # the model has no padding id: every prompt position is a token
         return keras.ops.convert_to_numpy(ka.decoding.generate(
-            model, prompt, prompt.shape[1] + new_tokens, eos_id=None, jit_compile=xla))
+            model, prompt, prompt.shape[1] + new_tokens, stop_token_ids=None,
+            jit_compile=xla))
 
     tied = CONFIGS[shape]["tie_word_embeddings"]
     read = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.weights

@@ -211,8 +211,8 @@ def main(argv=None) -> dict:
     samples = {}
     for temperature in (0.0, 0.6, 1.0):
         tokens = keras.ops.convert_to_numpy(ka.decoding.generate(
-            model, prompt_ids, SAMPLE_LENGTH, max_new_tokens=SAMPLE_NEW, strategy="sample",
-            temperature=temperature, top_p=0.95, seed=args.seed))
+            model, prompt_ids, SAMPLE_LENGTH, max_new_tokens=SAMPLE_NEW,
+            sampler=ka.decoding.TopP(0.95, temperature=temperature, seed=args.seed)))
         texts = ["".join(vocabulary[t] for t in row if t >= 4) for row in tokens]
         samples[str(temperature)] = texts
         print(f"\ntemperature {temperature}" + (" (greedy)" if temperature == 0 else ""))

@@ -248,7 +248,7 @@ def translate(model, data, sources: list[str], iterations: int, length_beam: int
     strings = []
     for start in range(0, len(sources), 256):
         ids = data.encode_source(sources[start:start + 256], standardize=False)
-        tokens, _ = mask_predict(model, ids, iterations, length_beam=length_beam)
+        tokens, _ = mask_predict(model, ids, iterations=iterations, length_beam=length_beam)
         strings += data.decode(tokens)
     return strings
 

@@ -108,17 +108,16 @@ def generate(model, tokenizer, spec, prompts, args) -> tuple[list[str], float, i
         prompt_ids[i, :len(row)] = row
     max_length = prompt_ids.shape[1] + args.max_new_tokens
     settings = {"max_length": max_length, "max_new_tokens": args.max_new_tokens,
-                "eos_id": ids["eos_id"], "pad_id": ids["pad_id"],
-                "suppressed_ids": ids["suppressed_ids"], "prompt_lengths": lengths}
+                "prompt_lengths": lengths, **ids}
     if args.temperature > 0:
-        settings.update(strategy="sample", temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, seed=args.seed)
+        settings["sampler"] = decoding.TopP(args.top_p, k=args.top_k,
+                                            temperature=args.temperature, seed=args.seed)
     # Warm-up: the same program (one new token), so that the timing leaves out its tracing.
     decoding.generate(model, prompt_ids, **dict(settings, max_new_tokens=1))
     start = time.perf_counter()
     tokens = np.asarray(decoding.generate(model, prompt_ids, **settings))  # (B, L)
     seconds = time.perf_counter() - start
-    ends = set(np.atleast_1d(ids["eos_id"]).tolist()) if ids["eos_id"] is not None else set()
+    ends = set(np.atleast_1d(ids["stop_token_ids"] or ()).tolist())
     texts, count = [], 0
     for row, length in zip(tokens, lengths):
         new = []

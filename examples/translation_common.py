@@ -161,11 +161,8 @@ def translate(model, data, sources: list[str], beam_size: int,
     strings = []
     for start in range(0, len(sources), 256):
         ids = data.encode_source(sources[start:start + 256], standardize=False)
-        if beam_size == 1:
-            tokens = decoding.greedy_search(model, ids, data.target_length)
-        else:
-            tokens = decoding.beam_search(model, ids, data.target_length, beam_size=beam_size,
-                                          length_penalty=length_penalty)
+        sampler = decoding.Beam(beam_size, length_penalty)  # Beam(1) is greedy search
+        tokens = decoding.generate(model, ids, data.target_length, sampler=sampler)
         strings += data.decode(tokens)
     return strings
 
@@ -255,8 +252,8 @@ def draw_attention(model, data, sources: list[str], out_dir: str,
 
     raw = raw or {}
     source_ids = data.encode_source(sources, standardize=False)  # (N, S)
-    output_ids, weights = decoding.greedy_search(model, source_ids, data.target_length,
-                                                 return_attention=True)  # (N, T), (N, T, ...)
+    output_ids, weights = decoding.generate(model, source_ids, data.target_length,
+                                            return_attention_scores=True)  # (N, T), (N, T, ...)
     output_ids, weights = np.asarray(output_ids), np.asarray(weights)
     predictions = data.decode(output_ids)
     # The axes show the model's own tokens: words, characters or subword pieces, [UNK] where

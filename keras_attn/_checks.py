@@ -26,6 +26,23 @@ def warn_deprecated(message: str) -> None:
     warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
+def renamed_argument(owner: str, kwargs: dict, old: str, new: str, value, default=None):
+    """The value of the argument `new` of `owner`, or of its keras_attn 0.2 name `old` found
+    in `kwargs` (with a DeprecationWarning): `kwargs` holds a function's extra keyword
+    arguments, of which `old` is the only one allowed (others are a TypeError, as Python
+    says); both names at once are a ValueError."""
+    unknown = sorted(set(kwargs) - {old})
+    if unknown:
+        raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
+    if old not in kwargs:
+        return value
+    if value is not default:
+        raise ValueError(f"Arguments `{old}` (deprecated) and `{new}` say the same thing; give "
+                         f"`{new}` only. Received: {old}={kwargs[old]!r}, {new}={value!r}")
+    warn_deprecated(f"{owner}: `{old}` is `{new}` (keras_attn 0.3 names, see CHANGELOG.md).")
+    return kwargs[old]
+
+
 def _fail(name: str, expected: str, value) -> None:
     raise ValueError(
         f"Received an invalid value for argument `{name}`, expected {expected}. "

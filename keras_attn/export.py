@@ -12,7 +12,7 @@ SentencePiece op, which `import tensorflow_text` registers before the load:
     out = translator.signatures["translate"](text=tf.constant(["march 3rd, 2021"]))
     out["translation"], out["score"], out["truncated"]
 
-Two signatures are written:
+Three signatures are written:
 
 - `translate`: `text` (tf.string, `[None]`) → a dict of three `[None]` tensors:
     - `translation` (tf.string): the output tokens joined by `joiner` (subword pieces:
@@ -32,10 +32,16 @@ Two signatures are written:
     - `truncated` (bool): True when the input has more tokens (after standardization) than the
       model's source length `Ls`; the translation is then of the first `Ls` tokens only, so
       the flag must be checked.
+- `translate_with_settings`: `text` and `beam_size` (int32, `[]`): the search as a request
+  setting, 1 for greedy search or the export's `beam_size` for its beam search (any other value
+  fails the call with `tf.errors.InvalidArgumentError` naming `beam_size`), so that one
+  SavedModel serves the fast greedy search and the better beam search; the same outputs as
+  `translate`, whose search is the export's `beam_size`.
 - `serve`: the plain forward pass, `source_ids` (int32, `[None, Ls]`) and `target_in_ids`
   (int32, `[None, Lt]`) → `logits` (float32, `[None, Lt, vocab]`), as Keras' `model.export` does.
 
-`export_nat_translator` writes the same `translate` signature for a non-autoregressive
+`export_nat_translator` writes the same `translate` signature (not `translate_with_settings`)
+for a non-autoregressive
 `nat_seq2seq` model decoded by Mask-Predict (its `score` is the mean log-probability of the
 output tokens), and a `serve` signature with its two outputs.
 """
@@ -51,6 +57,7 @@ from keras_attn import decoding
 from keras_attn._checks import check_new_directory, check_number, check_positive_int
 from keras_attn.data.subwords import SentencePieceVectorizer, detokenize_tf
 from keras_attn.data.translation import WHITESPACE
+from keras_attn.decoding import checks, samplers
 from keras_attn.decoding.mask_predict import check_mask_predict_args
 from keras_attn.layers import legacy
 from keras_attn.tokens import FIRST_WORD_ID, UNK_ID
@@ -112,22 +119,23 @@ def _count_tokens(vectorizer, tokens: tf.Tensor) -> tf.Tensor:
 def _text_fn(
     source_vectorizer: keras.layers.TextVectorization,
     target_vocabulary: list[str],
-    decode: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]],
+    decode: Callable[..., tuple[tf.Tensor, tf.Tensor]],
     standardize: Callable[[tf.Tensor], tf.Tensor] | None,
     joiner: str,
     word_start: str | None = None,
 ) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
-    """Text in, text out around `decode(source_ids (B, Ls)) -> (ids (B, T), scores (B,))`,
-    whose ids are tokens, then `<eos>`, then padding: the `translate` signature's function."""
+    """Text in, text out around `decode(source_ids (B, Ls), *settings) -> (ids (B, T),
+    scores (B,))`, whose ids are tokens, then `<eos>`, then padding: the function of the
+    `translate` signature (`translate(text, *settings)`, the settings passed to `decode`)."""
     _check_word_start(word_start, joiner)
     source_length = source_vectorizer.get_config()["output_sequence_length"]
     vocabulary = tf.constant(list(target_vocabulary))
 
-    def translate(text: tf.Tensor) -> dict[str, tf.Tensor]:
+    def translate(text: tf.Tensor, *settings) -> dict[str, tf.Tensor]:
         tokens = standardize(text) if standardize is not None else text
         num_tokens = _count_tokens(source_vectorizer, tokens)  # (B,)
         source_ids = tf.cast(source_vectorizer(tokens), "int32")  # (B, Ls), PAD_ID = padding
-        ids, scores = decode(source_ids)
+        ids, scores = decode(source_ids, *settings)
         ids = tf.cast(ids, "int32")  # (B, T): tokens, <eos>, then padding
         words = tf.gather(vocabulary, ids)  # (B, T) strings
         # Words and [UNK] are kept; padding, <bos> and <eos> are dropped.
@@ -151,8 +159,9 @@ def _text_fn(
 
 
 def _write_archive(path: str, model: keras.Model, source_vectorizer, translate: Callable,
-                   serve: Callable, serve_signature: list) -> str:
-    """A SavedModel at `path` with the `translate` (text) and `serve` (ids) endpoints."""
+                   serve: Callable, serve_signature: list, with_settings: bool = False) -> str:
+    """A SavedModel at `path` with the `translate` (text) and `serve` (ids) endpoints, and
+    with `with_settings` the `translate_with_settings` one (text and `beam_size`)."""
     if not getattr(source_vectorizer, "built", True):  # a layer never called yet cannot be
         source_vectorizer(tf.constant([""]))  # tracked (a SentencePieceVectorizer always can)
     archive = keras.export.ExportArchive()
@@ -163,6 +172,13 @@ def _write_archive(path: str, model: keras.Model, source_vectorizer, translate: 
         fn=translate,
         input_signature=[tf.TensorSpec([None], tf.string, name="text")],
     )
+    if with_settings:
+        archive.add_endpoint(
+            name="translate_with_settings",
+            fn=translate,
+            input_signature=[tf.TensorSpec([None], tf.string, name="text"),
+                             tf.TensorSpec([], tf.int32, name="beam_size")],
+        )
     archive.add_endpoint(name="serve", fn=serve, input_signature=serve_signature)
     archive.write_out(path, verbose=False)
     return path
@@ -185,21 +201,30 @@ def make_translate_fn(
     Arguments are those of `export_translator`.
 
     Returns:
-        A function of a string tensor `text` `(B,)` returning a dict with `translation`
-        (tf.string `(B,)`), `score` (float32 `(B,)`) and `truncated` (bool `(B,)`), as
-        described in the module docstring.
+        A function of a string tensor `text` `(B,)`, and optionally a request's `beam_size`
+        (a scalar int32 tensor: 1, greedy search, or the export's `beam_size`; without it the
+        export's), returning a dict with `translation` (tf.string `(B,)`), `score` (float32
+        `(B,)`) and `truncated` (bool `(B,)`), as described in the module docstring.
     """
     _check_vectorizer("source_vectorizer", source_vectorizer)
     check_positive_int("beam_size", beam_size)
     check_positive_int("max_length", max_length)
     check_number("length_penalty", length_penalty, 0)
 
-    def decode(source_ids):
+    def search(source_ids, num_beams):
+        # Beam(1) is greedy search, its scores normalized as beam search's.
+        return decoding.generate(model, source_ids, max_length, return_scores=True,
+                                 sampler=samplers.Beam(num_beams, length_penalty))
+
+    def decode(source_ids, request_beam_size=None):
+        if request_beam_size is None:
+            return search(source_ids, beam_size)
+        request_beam_size = checks.one_of("beam_size", request_beam_size,
+                                          tuple(sorted({1, beam_size})))
         if beam_size == 1:
-            return decoding.greedy_search(model, source_ids, max_length, return_scores=True,
-                                          length_penalty=length_penalty)
-        return decoding.beam_search(model, source_ids, max_length, beam_size=beam_size,
-                                    length_penalty=length_penalty, return_scores=True)
+            return search(source_ids, 1)
+        return tf.cond(request_beam_size == 1, lambda: search(source_ids, 1),
+                       lambda: search(source_ids, beam_size))
 
     return _text_fn(source_vectorizer, target_vocabulary, decode, standardize, joiner,
                     word_start)
@@ -230,9 +255,11 @@ def export_translator(
             vocabulary detokenizes.
         path: str, the SavedModel directory to write: a new or empty directory (an
             existing file or non-empty directory is refused, never written into).
-        max_length: int, most tokens to generate. Defaults to the target vectorizer's
-            output length.
-        beam_size: int, 1 for greedy search, more for beam search. Defaults to `1`.
+        max_length: int, the output positions (`keras_attn.decoding.generate`'s meaning):
+            most tokens to generate. Defaults to the target vectorizer's output length.
+        beam_size: int, 1 for greedy search, more for beam search: the search of the
+            `translate` signature; `translate_with_settings` serves greedy search too (its
+            `beam_size` input 1). Defaults to `1`.
         length_penalty: float >= 0, GNMT length-penalty exponent of the scores (and of beam
             search's ranking). Defaults to `0.6`.
         standardize: optional function of a `(B,)` string tensor written with `tf.strings` ops
@@ -277,6 +304,7 @@ def export_translator(
             tf.TensorSpec([None, source_length], tf.int32, name="source_ids"),
             tf.TensorSpec([None, target_length], tf.int32, name="target_in_ids"),
         ],
+        with_settings=True,
     )
 
 
@@ -305,8 +333,8 @@ def make_nat_translate_fn(
     max_length = check_mask_predict_args(model, iterations, length_beam, max_length)
 
     def decode(source_ids):
-        return decoding.mask_predict(model, source_ids, iterations, length_beam=length_beam,
-                                     max_length=max_length)
+        return decoding.mask_predict(model, source_ids, max_length=max_length,
+                                     iterations=iterations, length_beam=length_beam)
 
     return _text_fn(source_vectorizer, target_vocabulary, decode, standardize, joiner,
                     word_start)

@@ -3,7 +3,8 @@ sampling settings as inputs, served by TensorFlow alone.
 
 The exported graph holds tokenization (characters or whitespace-separated words, looked up in
 the vocabulary), `<bos>`, the compiled generation loop over the static cache
-(`keras_attn.decoding.generate`) and detokenization. A consumer needs neither keras_attn nor
+(`keras_attn.decoding.generate`, the settings a `keras_attn.decoding.samplers.TopP`) and
+detokenization. A consumer needs neither keras_attn nor
 Keras:
 
     generator = tf.saved_model.load("runs/char_lm/saved_model")
@@ -40,7 +41,7 @@ import tensorflow as tf
 
 from keras_attn import decoding
 from keras_attn._checks import check_int, check_new_directory, check_one_of
-from keras_attn.decoding import checks
+from keras_attn.decoding import checks, samplers
 from keras_attn.tokens import BOS_ID, FIRST_WORD_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
 
 SPLITS = ("chars", "whitespace")
@@ -58,9 +59,8 @@ def make_generate_fn(model, vocabulary: list[str], max_length: int, split: str =
     joiner = "" if split == "chars" else " "
 
     def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed):
-        settings = checks.settings(
-            caps={"max_new_tokens": max_length}, max_new_tokens=max_new_tokens,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        settings, sampler = _request(max_length, max_new_tokens, temperature, top_k, top_p,
+                                     seed)
         text = tf.strings.lower(prompt, encoding="utf-8") if lowercase else prompt
         text = standardize(text) if standardize is not None else text
         pieces = (tf.strings.unicode_split(text, "UTF-8") if split == "chars"
@@ -76,8 +76,8 @@ def make_generate_fn(model, vocabulary: list[str], max_length: int, split: str =
         bos = tf.fill([tf.shape(prompt)[0], 1], tf.constant(BOS_ID, tf.int32))
         prompt_ids = tf.concat([bos, ids.to_tensor(default_value=PAD_ID)], axis=1)  # (B, P)
         lengths = tf.reduce_sum(tf.cast(prompt_ids != PAD_ID, tf.int32), axis=1)  # (B,)
-        tokens = decoding.generate(
-            model, prompt_ids, max_length, strategy="sample", **settings)  # (B, L)
+        tokens = decoding.generate(model, prompt_ids, max_length, sampler=sampler,
+                                   max_new_tokens=settings["max_new_tokens"])  # (B, L)
         positions = tf.range(max_length)[None, :]
         new = tf.logical_and(positions >= lengths[:, None], tokens >= FIRST_WORD_ID)
         new = tf.logical_or(new, tf.logical_and(positions >= lengths[:, None],
@@ -153,6 +153,17 @@ def export_generator(model, vocabulary: list[str], path: str, max_length: int,
     return _write(model, generate, generate.table, path)
 
 
+def _request(max_length: int, max_new_tokens, temperature, top_k, top_p, seed):
+    """The request's settings, checked (a failed call naming the input), and its sampler:
+    `TopP(p=top_p, k=top_k, temperature=temperature, seed=seed)` (`temperature` 0: greedy)."""
+    settings = checks.settings(
+        caps={"max_new_tokens": max_length}, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    sampler = samplers.TopP(p=settings["top_p"], k=settings["top_k"],
+                            temperature=settings["temperature"], seed=settings["seed"])
+    return settings, sampler
+
+
 def _write(model, generate, resource, path: str) -> str:
     """The SavedModel at `path`: `model`, the tokenizer's `resource`, and the `generate`
     signature (module docstring) of the graph function `generate`."""
@@ -188,8 +199,7 @@ def make_checkpoint_generate_fn(model, tokenizer, spec, max_length: int):
             f"prompt token and a new one. Received: max_length={max_length}")
     prefix_ids = tf.constant(prefix, tf.int32, shape=[len(prefix)])
     suffix_ids = tf.constant(suffix, tf.int32, shape=[len(suffix)])
-    end_ids = tf.constant(() if ids["eos_id"] is None else np.atleast_1d(ids["eos_id"]),
-                          tf.int32)
+    end_ids = tf.constant(np.atleast_1d(ids["stop_token_ids"] or ()), tf.int32)
     bos = spec.bos_token_id
 
     def template_rows(values, batch):
@@ -197,9 +207,8 @@ def make_checkpoint_generate_fn(model, tokenizer, spec, max_length: int):
         return tf.RaggedTensor.from_tensor(rows)
 
     def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed):
-        settings = checks.settings(
-            caps={"max_new_tokens": max_length}, max_new_tokens=max_new_tokens,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        settings, sampler = _request(max_length, max_new_tokens, temperature, top_k, top_p,
+                                     seed)
         batch = tf.shape(prompt)[0]
         body = tokenizer.encode(prompt, add_special_tokens=False, truncate=False,
                                 pad=False)  # ragged (B, None): as transformers generates
@@ -220,9 +229,8 @@ def make_checkpoint_generate_fn(model, tokenizer, spec, max_length: int):
         context = tokenizer.decode(prompt_ids)
         tokens = decoding.generate(
             model, prompt_ids.to_tensor(default_value=ids["pad_id"]), max_length,
-            strategy="sample", eos_id=ids["eos_id"], pad_id=ids["pad_id"],
-            suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths,
-            **settings)  # (B, L)
+            sampler=sampler, max_new_tokens=settings["max_new_tokens"], prompt_lengths=lengths,
+            **ids)  # (B, L)
         positions = tf.range(max_length)[None, :]  # (1, L)
         limits = lengths + tf.minimum(settings["max_new_tokens"], max_length - lengths)
         new = (positions >= lengths[:, None]) & (positions < limits[:, None])  # (B, L)

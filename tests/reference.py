@@ -47,6 +47,7 @@ __all__ = [
     "masked_softmax",
     "multi_head_attention",
     "pretrained_transformer",
+    "repetition_penalized",
     "rms_norm",
     "rope",
     "rope_frequencies",
@@ -698,7 +699,7 @@ def gated_ffn(
 # ---------------------------------------------------------------------------------------
 
 
-def sampling_distribution(logits, temperature=1.0, top_k=None, top_p=None):
+def sampling_distribution(logits, temperature=1.0, top_k=None, top_p=None, min_p=None):
     """``(..., V)``: the distribution a correct sampler draws the next token from.
 
     In order: ``logits / temperature``; top-k keeps exactly the indices
@@ -706,8 +707,9 @@ def sampling_distribution(logits, temperature=1.0, top_k=None, top_p=None):
     (nucleus, Holtzman et al., 2020) on the top-k renormalized distribution keeps the
     shortest prefix of the sorted tokens whose cumulative probability reaches ``p`` (the
     token that crosses ``p`` is kept, and always at least one token), i.e. the sorted
-    token r is kept when the mass strictly before it is ``< p``; then renormalize.
-    ``temperature=0`` is greedy: one-hot at the first argmax.
+    token r is kept when the mass strictly before it is ``< p``; min-p (Nguyen et al., 2024)
+    keeps the tokens whose probability is at least ``min_p`` times the largest; then
+    renormalize. ``temperature=0`` is greedy: one-hot at the first argmax.
     """
     logits = _f64(logits)
     if temperature < 0:
@@ -736,9 +738,23 @@ def sampling_distribution(logits, temperature=1.0, top_k=None, top_p=None):
         keep = keep & (before < top_p)
         keep[..., 0] = True
         probs = renormalized(keep)
+    if min_p is not None:
+        keep = keep & (probs >= min_p * probs[..., :1])  # sorted: the largest comes first
+        probs = renormalized(keep)
     out = np.zeros(logits.shape)
     np.put_along_axis(out, order, probs, axis=-1)
     return out
+
+
+def repetition_penalized(logits, seen, penalty):
+    """``(..., V)`` logits with those of the ids in ``seen`` (any iterable of ints) divided
+    by ``penalty`` where positive and multiplied by it where not (Keskar et al., 2019, as
+    Hugging Face's ``RepetitionPenaltyLogitsProcessor``)."""
+    logits = _f64(logits).copy()
+    ids = sorted({int(i) for i in seen})
+    values = logits[..., ids]
+    logits[..., ids] = np.where(values < 0, values * penalty, values / penalty)
+    return logits
 
 
 def greedy_tokens(logits, never_emitted=(0, 2)):

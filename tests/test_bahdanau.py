@@ -95,7 +95,7 @@ def test_decode_steps_equal_teacher_forced_pass():
     state = decoder.init_decode_state(encoder(SOURCE), SOURCE, max_length=4)
     for index in range(TARGET_IN.shape[1]):
         step_logits, state, step_weights = decoder.decode_step(TARGET_IN[:, index], index, state,
-                                                               return_attention=True)
+                                                               return_attention_scores=True)
         assert dtype_of(step_logits) == "float32" and step_weights.shape == (3, 5)
         assert_allclose(step_logits, logits[:, index], atol=1e-5)
         assert_allclose(step_weights, weights[:, index], atol=1e-5)
@@ -106,7 +106,8 @@ def test_greedy_and_beam_search_follow_the_model():
     for w in model.weights:
         w.assign(w * 3.0)
     max_length = 6
-    tokens, attention = decoding.greedy_search(model, SOURCE, max_length, return_attention=True)
+    tokens, attention = decoding.generate(model, SOURCE, max_length,
+                                          return_attention_scores=True)
     tokens, attention = as_np(tokens), as_np(attention)
     assert tokens.shape == (3, max_length) and attention.shape == (3, max_length, 5)
     # Fed back with teacher forcing, greedy's own tokens are the argmax of every step up to eos.
@@ -120,9 +121,10 @@ def test_greedy_and_beam_search_follow_the_model():
         assert_array_equal(tokens[row, :length], allowed.argmax(-1))
         assert np.all(tokens[row, length:] == 0)
         assert_allclose(attention[row, :length], weights[row, :length], atol=1e-5)
-    beam = decoding.beam_search(model, SOURCE, max_length, beam_size=1)
+    beam = decoding.generate(model, SOURCE, max_length, sampler=decoding.Beam(1))
     assert_array_equal(as_np(beam), tokens)
-    assert as_np(decoding.beam_search(model, SOURCE, max_length, beam_size=3)).shape == (
+    assert as_np(decoding.generate(model, SOURCE, max_length,
+                                   sampler=decoding.Beam(3))).shape == (
         3, max_length)
 
 
@@ -164,7 +166,7 @@ def test_save_and_load_give_identical_outputs(tmp_path):
     assert_array_equal(loaded([SOURCE, TARGET_IN]), model([SOURCE, TARGET_IN]))
     assert isinstance(loaded.get_layer("decoder").cell, BahdanauCell)
     assert_array_equal(
-        decoding.greedy_search(loaded, SOURCE, 5), decoding.greedy_search(model, SOURCE, 5)
+        decoding.generate(loaded, SOURCE, 5), decoding.generate(model, SOURCE, 5)
     )
 
 
@@ -179,7 +181,7 @@ def test_mixed_precision_fit_step(policy):
     target_out = np.concatenate([TARGET_IN[:, 1:], np.zeros((3, 1), "int32")], axis=1)
     history = model.fit([SOURCE, TARGET_IN], target_out, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
-    assert as_np(decoding.greedy_search(model, SOURCE, 4)).shape == (3, 4)
+    assert as_np(decoding.generate(model, SOURCE, 4)).shape == (3, 4)
 
 
 @pytest.mark.tf_only
@@ -223,7 +225,7 @@ def test_learns_sequence_reversal():
     _, accuracy = model.evaluate(list(test[:2]), test[2], verbose=0)
     assert accuracy >= 0.9
     # Greedy decoding from <bos> alone, compared token by token with the reversed source.
-    tokens = as_np(decoding.greedy_search(model, test[0], max_length=9))
+    tokens = as_np(decoding.generate(model, test[0], max_length=9))
     valid = test[2] != 0
     assert np.mean(tokens[valid] == test[2][valid]) >= 0.9
 

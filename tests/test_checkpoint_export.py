@@ -52,11 +52,11 @@ def python_generation(model, tokenizer, spec, prompt: str, max_new_tokens: int) 
     prompt_ids = np.array(tokenizer.encode([prompt]).to_list(), "int32")  # (1, P)
     length = prompt_ids.shape[1]
     tokens = keras.ops.convert_to_numpy(decoding.generate(
-        model, prompt_ids, max_length=length + max_new_tokens, eos_id=ids["eos_id"],
-        pad_id=ids["pad_id"], suppressed_ids=(), prompt_lengths=np.array([length], "int32")))
+        model, prompt_ids, max_length=length + max_new_tokens, **ids,
+        prompt_lengths=np.array([length], "int32")))
     new = []
     for token in tokens[0, length:]:
-        if token in np.atleast_1d(ids["eos_id"]):
+        if token in np.atleast_1d(ids["stop_token_ids"]):
             break
         new.append(int(token))
     return tokenizer.decode([new]).numpy()[0].decode()

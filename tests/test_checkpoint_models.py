@@ -59,7 +59,7 @@ def test_greedy_generation_matches_transformers(name):
     model = build_model(spec, weights)
     expected = fx.expected(name)["generated"]  # greedy, 20 new tokens, the end ids banned
     ids = generation_ids(spec)
-    tokens = decoding.generate(model, expected[:, :5], max_length=25, eos_id=None,
+    tokens = decoding.generate(model, expected[:, :5], max_length=25, stop_token_ids=None,
                                pad_id=ids["pad_id"], suppressed_ids=spec.eos_token_ids)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(tokens), expected)
 
@@ -67,12 +67,12 @@ def test_greedy_generation_matches_transformers(name):
 def test_generation_ids_are_the_checkpoints():
     llama3 = load_hf_checkpoint(fx.hf_checkpoint("llama3"))[0]
     ids = generation_ids(llama3)  # two end ids, from generation_config.json
-    assert ids == {"eos_id": llama3.eos_token_ids, "pad_id": llama3.eos_token_ids[0],
+    assert ids == {"stop_token_ids": llama3.eos_token_ids, "pad_id": llama3.eos_token_ids[0],
                    "suppressed_ids": ()}
     assert len(llama3.eos_token_ids) == 2
     llama = load_hf_checkpoint(fx.hf_checkpoint("llama"))[0]  # no pad id: its end id pads
     assert llama.pad_token_id is None
-    assert generation_ids(llama) == {"eos_id": 2, "pad_id": 2, "suppressed_ids": ()}
+    assert generation_ids(llama) == {"stop_token_ids": 2, "pad_id": 2, "suppressed_ids": ()}
 
 
 def test_padded_prompts_and_end_ids():
@@ -83,21 +83,22 @@ def test_padded_prompts_and_end_ids():
     ids = generation_ids(spec)
     prompts = np.array([[1, 0, 37, 5, 9], [1, 0, 44, ids["pad_id"], ids["pad_id"]]], "int32")
     together = keras.ops.convert_to_numpy(decoding.generate(
-        model, prompts, max_length=16, eos_id=None, pad_id=ids["pad_id"], suppressed_ids=()))
+        model, prompts, max_length=16, stop_token_ids=None, pad_id=ids["pad_id"],
+        suppressed_ids=()))
     alone = keras.ops.convert_to_numpy(decoding.generate(
-        model, prompts[1:, :3], max_length=14, eos_id=None, pad_id=ids["pad_id"],
+        model, prompts[1:, :3], max_length=14, stop_token_ids=None, pad_id=ids["pad_id"],
         suppressed_ids=()))
     np.testing.assert_array_equal(together[1, :14], alone[0])
     # A prompt ending in the padding id itself: its length says where it ends.
     ending = np.array([[1, 0, ids["pad_id"], 7]], "int32")
     by_length = keras.ops.convert_to_numpy(decoding.generate(
-        model, ending, max_length=12, eos_id=None, pad_id=ids["pad_id"], suppressed_ids=(),
+        model, ending, max_length=12, stop_token_ids=None, pad_id=ids["pad_id"], suppressed_ids=(),
         prompt_lengths=np.array([3], "int32")))
     other_pad = keras.ops.convert_to_numpy(decoding.generate(
-        model, ending[:, :3], max_length=12, eos_id=None, pad_id=5, suppressed_ids=()))
+        model, ending[:, :3], max_length=12, stop_token_ids=None, pad_id=5, suppressed_ids=()))
     np.testing.assert_array_equal(by_length[:, 3:], other_pad[:, 3:])
     sampled = [keras.ops.convert_to_numpy(decoding.generate(
-        model, prompts, max_length=16, strategy="sample", temperature=1.5, top_p=0.95, seed=3,
+        model, prompts, max_length=16, sampler=decoding.TopP(0.95, temperature=1.5, seed=3),
         **ids)) for _ in range(2)]
     np.testing.assert_array_equal(sampled[0], sampled[1])  # seeded
     assert (sampled[0][:, 5:] != together[:, 5:]).any()  # not the greedy continuation
@@ -108,8 +109,8 @@ def test_padded_prompts_and_end_ids():
     first_new = int(together[0, 5])
     other = (first_new + 1) % spec.vocabulary_size
     stopped = keras.ops.convert_to_numpy(decoding.generate(
-        model, prompts[:1], max_length=16, eos_id=(other, first_new), pad_id=ids["pad_id"],
-        suppressed_ids=()))
+        model, prompts[:1], max_length=16, stop_token_ids=(other, first_new),
+        pad_id=ids["pad_id"], suppressed_ids=()))
     np.testing.assert_array_equal(stopped[0, :6], together[0, :6])
     assert (stopped[0, 6:] == ids["pad_id"]).all()
 
@@ -295,7 +296,7 @@ def test_keras_hub_models_match_keras_hub(name):
     theirs.compile(sampler="greedy")
     generated = theirs.generate({"token_ids": prompts, "padding_mask": prompt_mask},
                                 stop_token_ids=None)
-    tokens = decoding.generate(model, ids[:, :5], max_length=25, eos_id=None, pad_id=0,
+    tokens = decoding.generate(model, ids[:, :5], max_length=25, stop_token_ids=None, pad_id=0,
                                suppressed_ids=())
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(tokens),
                                   np.asarray(generated["token_ids"]))

@@ -1,4 +1,5 @@
-"""Greedy and beam search: against Python/NumPy searches, exhaustive search, and in graphs."""
+"""Greedy and beam search of sequence-to-sequence models (`decoding.generate`): against
+Python/NumPy searches, exhaustive search, and in graphs."""
 
 import itertools
 
@@ -10,6 +11,7 @@ from backend_utils import as_np, call_traced
 from reference import log_softmax
 
 from keras_attn import decoding
+from keras_attn.decoding.samplers import Beam, TopP
 from keras_attn.models import transformer_seq2seq
 
 BOS, EOS = 2, 3
@@ -146,7 +148,7 @@ SOURCE = np.array([[1, 2, 0, 0], [3, 1, 4, 0], [4, 4, 4, 4], [2, 0, 0, 0]], "int
 
 def test_greedy_matches_numpy_on_the_markov_model():
     model, decoder = markov_model()
-    tokens, attention = decoding.greedy_search(model, SOURCE, 6, return_attention=True)
+    tokens, attention = decoding.generate(model, SOURCE, 6, return_attention_scores=True)
     tokens, attention = as_np(tokens), as_np(attention)
     assert tokens.dtype == np.int32 and tokens.shape == (4, 6) and attention.shape == (4, 6, 4)
     for b, first in enumerate(SOURCE[:, 0]):
@@ -181,10 +183,10 @@ def test_search_stops_once_every_sequence_ended():
     source = keras.Input((None,), dtype="int32")
     target = keras.Input((None,), dtype="int32")
     model = keras.Model([source, target], checked(target, MarkovEncoder(name="encoder")(source)))
-    tokens = as_np(decoding.greedy_search(model, SOURCE, 8))
+    tokens = as_np(decoding.generate(model, SOURCE, 8))
     np.testing.assert_array_equal(tokens[:, :2], [[5, EOS]] * len(SOURCE))
     np.testing.assert_array_equal(tokens[:, 2:], 0)
-    beams = as_np(decoding.beam_search(model, SOURCE, 8, beam_size=3, length_penalty=0.0))
+    beams = as_np(decoding.generate(model, SOURCE, 8, sampler=Beam(3, 0.0)))
     np.testing.assert_array_equal(beams[:, 2:], 0)
 
 
@@ -195,8 +197,7 @@ def test_search_stops_once_every_sequence_ended():
 @pytest.mark.parametrize("beam_size", [2, 3])
 def test_beam_search_matches_numpy_reference(beam_size, alpha):
     model, decoder = markov_model()
-    tokens = as_np(decoding.beam_search(model, SOURCE, 6, beam_size=beam_size,
-                                        length_penalty=alpha))
+    tokens = as_np(decoding.generate(model, SOURCE, 6, sampler=Beam(beam_size, alpha)))
     np.testing.assert_array_equal(tokens, np_beam_search(decoder, SOURCE, 6, beam_size, alpha))
 
 
@@ -211,7 +212,7 @@ def test_beam_state_follows_its_parent():
     table[2, 4, :, 1] = 0.0
     table[3:, :, :, EOS] = 0.0
     model, decoder = markov_model(table=table, scale=0.0, max_length=5)
-    tokens = as_np(decoding.beam_search(model, SOURCE, 5, beam_size=2, length_penalty=0.0))
+    tokens = as_np(decoding.generate(model, SOURCE, 5, sampler=Beam(2, 0.0)))
     np.testing.assert_array_equal(tokens, [[5, 6, EOS, 0, 0]] * len(SOURCE))
     np.testing.assert_array_equal(tokens, np_beam_search(decoder, SOURCE, 5, 2, 0.0))
 
@@ -224,16 +225,14 @@ def test_live_hypothesis_overtakes_a_finished_one():
     table[4, :, :, EOS] = 0.0
     model, decoder = markov_model(table=table, scale=0.0)
     for alpha, expected in ((0.0, [EOS, 0, 0, 0, 0, 0]), (2.0, [4, 5, 5, 5, EOS, 0])):
-        tokens = as_np(decoding.beam_search(model, SOURCE, 6, beam_size=2,
-                                            length_penalty=alpha))
+        tokens = as_np(decoding.generate(model, SOURCE, 6, sampler=Beam(2, alpha)))
         np.testing.assert_array_equal(tokens, [expected] * len(SOURCE))
         np.testing.assert_array_equal(tokens, np_beam_search(decoder, SOURCE, 6, 2, alpha))
 
 
 def test_length_penalty_changes_the_winner():
     model, _ = markov_model()
-    results = {alpha: as_np(decoding.beam_search(model, SOURCE, 6, beam_size=3,
-                                                 length_penalty=alpha))
+    results = {alpha: as_np(decoding.generate(model, SOURCE, 6, sampler=Beam(3, alpha)))
                for alpha in (0.0, 3.0)}
     lengths = {alpha: (r != 0).sum() for alpha, r in results.items()}
     assert lengths[3.0] > lengths[0.0]  # a larger alpha favours longer outputs
@@ -242,15 +241,16 @@ def test_length_penalty_changes_the_winner():
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_wide_beam_is_exhaustive_search(alpha):
     model, decoder = markov_model(vocab=5, max_length=3, scale=1.5, seed=3)
-    tokens = as_np(decoding.beam_search(model, SOURCE, 3, beam_size=160, length_penalty=alpha))
+    tokens = as_np(decoding.generate(model, SOURCE, 3, sampler=Beam(160, alpha)))
     for b, first in enumerate(SOURCE[:, 0]):
         np.testing.assert_array_equal(tokens[b], exhaustive_best(decoder, first, 3, alpha))
 
 
 def test_beam_size_one_equals_greedy_on_markov_model():
     model, _ = markov_model()
-    greedy, g_att = decoding.greedy_search(model, SOURCE, 6, return_attention=True)
-    beam, b_att = decoding.beam_search(model, SOURCE, 6, beam_size=1, return_attention=True)
+    greedy, g_att = decoding.generate(model, SOURCE, 6, return_attention_scores=True)
+    beam, b_att = decoding.generate(model, SOURCE, 6, sampler=Beam(1),
+                                    return_attention_scores=True)
     np.testing.assert_array_equal(as_np(beam), as_np(greedy))
     np.testing.assert_allclose(as_np(b_att), as_np(g_att), atol=1e-6)
 
@@ -258,18 +258,19 @@ def test_beam_size_one_equals_greedy_on_markov_model():
 @pytest.mark.tf_only
 def test_xla_compiled_search_gives_the_same_results():
     model, _ = markov_model()
-    for search, kwargs in ((decoding.greedy_search, {}),
-                           (decoding.beam_search, {"beam_size": 3})):
-        plain = search(model, SOURCE, 6, return_attention=True, **kwargs)
-        xla = search(model, SOURCE, 6, return_attention=True, jit_compile=True, **kwargs)
+    for sampler in ("greedy", Beam(3)):
+        plain = decoding.generate(model, SOURCE, 6, sampler=sampler,
+                                  return_attention_scores=True)
+        xla = decoding.generate(model, SOURCE, 6, sampler=sampler, return_attention_scores=True,
+                                jit_compile=True)
         np.testing.assert_array_equal(as_np(xla[0]), as_np(plain[0]))
         np.testing.assert_allclose(as_np(xla[1]), as_np(plain[1]), atol=1e-6)
 
 
 def test_beam_attention_is_that_of_the_returned_hypothesis():
     model, _ = markov_model()
-    tokens, attention = decoding.beam_search(model, SOURCE, 6, beam_size=3,
-                                             return_attention=True)
+    tokens, attention = decoding.generate(model, SOURCE, 6, sampler=Beam(3),
+                                          return_attention_scores=True)
     tokens, attention = as_np(tokens), as_np(attention)
     for b in range(len(SOURCE)):
         prev = np.concatenate([[BOS], tokens[b, :-1]])
@@ -319,8 +320,8 @@ def test_transformer_greedy_equals_python_argmax_loop_and_beam_size_one():
     eos = int(reference[1, 2])  # a token the model does emit, so a row stops early
     ended = np.cumsum(np.cumsum(reference == eos, 1), 1) > 1  # (B, T): after the first eos
     assert ended.any() and not ended.all(1).any()
-    tokens, attention = decoding.greedy_search(model, T_SOURCE, 7, eos_id=eos,
-                                               return_attention=True)
+    tokens, attention = decoding.generate(model, T_SOURCE, 7, stop_token_ids=eos,
+                                          return_attention_scores=True)
     tokens, attention = as_np(tokens), as_np(attention)
     np.testing.assert_array_equal(tokens, np.where(ended, 0, reference))
     # The attention is the full pass' cross-attention of every layer and head, zero after eos.
@@ -332,8 +333,8 @@ def test_transformer_greedy_equals_python_argmax_loop_and_beam_size_one():
     assert attention.shape == (3, 7, 2, 4, 6)
     np.testing.assert_allclose(attention, expected, atol=1e-5)
     # Beam size 1 is greedy search.
-    beam, beam_attention = decoding.beam_search(model, T_SOURCE, 7, beam_size=1, eos_id=eos,
-                                                return_attention=True)
+    beam, beam_attention = decoding.generate(model, T_SOURCE, 7, sampler=Beam(1),
+                                             stop_token_ids=eos, return_attention_scores=True)
     np.testing.assert_array_equal(as_np(beam), tokens)
     np.testing.assert_allclose(as_np(beam_attention), attention, atol=1e-6)
 
@@ -368,7 +369,7 @@ def python_beam_search(model, source, max_length, beam_size, alpha, eos):
 def test_transformer_beam_search_equals_uncached_python_beam_search():
     model = varied_transformer()
     eos = int(python_greedy(model, T_SOURCE, 3)[1, 2])
-    tokens = as_np(decoding.beam_search(model, T_SOURCE, 7, beam_size=3, eos_id=eos))
+    tokens = as_np(decoding.generate(model, T_SOURCE, 7, sampler=Beam(3), stop_token_ids=eos))
     np.testing.assert_array_equal(tokens, python_beam_search(model, T_SOURCE, 7, 3, 0.6, eos))
     assert np.any(tokens == eos)
 
@@ -380,7 +381,7 @@ def test_beam_search_in_tf_function_with_unknown_batch():
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
     def translate(source_ids):
-        return decoding.beam_search(model, source_ids, 7, beam_size=3)
+        return decoding.generate(model, source_ids, 7, sampler=Beam(3))
 
     batch = as_np(translate(T_SOURCE))
     for b in range(len(T_SOURCE)):  # each sequence alone gives the same as in the batch
@@ -394,76 +395,76 @@ def test_beam_search_in_tf_function_with_unknown_batch():
 
 
 @pytest.mark.parametrize(
-    "search, kwargs, name",
+    "kwargs, name",
     [
-        (decoding.greedy_search, {"max_length": 0}, "max_length"),
-        (decoding.greedy_search, {"max_length": 3, "eos_id": -1}, "eos_id"),
-        (decoding.beam_search, {"max_length": 3, "beam_size": 0}, "beam_size"),
-        (decoding.beam_search, {"max_length": 3, "length_penalty": -0.5}, "length_penalty"),
-        (decoding.beam_search, {"max_length": 2.5}, "max_length"),
+        ({"max_length": 0}, "max_length"),
+        ({"max_length": 3, "stop_token_ids": -1}, "stop_token_ids"),
+        ({"max_length": 3, "sampler": "beam_search"}, "sampler"),
+        ({"max_length": 2.5, "sampler": "beam"}, "max_length"),
+        ({"max_length": 3, "bos_id": -1}, "bos_id"),
     ],
 )
-def test_bad_arguments_name_the_argument(search, kwargs, name):
+def test_bad_arguments_name_the_argument(kwargs, name):
     model, _ = markov_model()
     with pytest.raises(ValueError, match=f"Received: {name}="):
-        search(model, SOURCE, **kwargs)
+        decoding.generate(model, SOURCE, **kwargs)
 
 
 def test_model_without_the_contract_is_refused():
     inputs = keras.Input((None,), dtype="int32")
     plain = keras.Model(inputs, keras.layers.Embedding(5, 3, name="decoder")(inputs))
-    with pytest.raises(ValueError, match="encoder"):
-        decoding.greedy_search(plain, SOURCE, 3)
+    with pytest.raises(ValueError, match="init_decode_state"):
+        decoding.generate(plain, SOURCE, 3)
 
 
 # ---- hostile inputs --------------------------------------------------------------------------
 
 
-def test_sample_takes_tensor_settings_and_checks_their_values():
-    """`sample` refused every tensor setting; now it takes them (as a SavedModel input would
-    be) and checks their values: eagerly a ValueError, in a compiled function a failed call."""
+def test_sampling_takes_tensor_settings_and_checks_their_values():
+    """Sampling refused every tensor setting; now a sampler takes them (as a SavedModel input
+    would be) and checks their values: eagerly a ValueError, in a compiled function a failed
+    call."""
     model, _ = markov_model()
-    python = {"temperature": 0.8, "top_k": 4, "top_p": 0.9, "seed": 5}
-    expected = as_np(decoding.sample(model, SOURCE, 6, **python))
+    python = {"p": 0.9, "k": 4, "temperature": 0.8, "seed": 5}
+    expected = as_np(decoding.generate(model, SOURCE, 6, sampler=TopP(**python)))
     tensors = {name: keras.ops.convert_to_tensor(value) for name, value in python.items()}
-    np.testing.assert_array_equal(as_np(decoding.sample(model, SOURCE, 6, **tensors)), expected)
-    traced = call_traced(lambda t, k, p, s: decoding.sample(
-        model, SOURCE, 6, temperature=t, top_k=k, top_p=p, seed=s), *python.values())
+    np.testing.assert_array_equal(
+        as_np(decoding.generate(model, SOURCE, 6, sampler=TopP(**tensors))), expected)
+    traced = call_traced(lambda p, k, t, s: decoding.generate(
+        model, SOURCE, 6, sampler=TopP(p, k, t, s)), *python.values())
     np.testing.assert_array_equal(as_np(traced), expected)
     for name, value in (("temperature", float("nan")), ("temperature", -1.0),
-                        ("top_p", float("nan")), ("top_k", -3), ("seed", -2)):
+                        ("p", float("nan")), ("k", -3), ("seed", -2)):
         tensor = keras.ops.convert_to_tensor(value)
         with pytest.raises(ValueError, match=f"argument `{name}`"):
-            decoding.sample(model, SOURCE, 6, **{name: tensor})
+            TopP(**{"p": 0.5, name: tensor})
         with pytest.raises(Exception, match=f"argument `{name}`"):
-            call_traced(lambda v, name=name: decoding.sample(model, SOURCE, 6, **{name: v}),
-                        tensor)
+            call_traced(lambda v, name=name: decoding.generate(
+                model, SOURCE, 6, sampler=TopP(**{"p": 0.5, name: v})), tensor)
 
 
-@pytest.mark.parametrize("search", [decoding.greedy_search, decoding.beam_search,
-                                    decoding.sample])
-def test_end_tokens_the_model_cannot_emit_are_refused_and_none_runs_to_max_length(search):
-    """An eos_id past the vocabulary (7 tokens here) ran every sequence to max_length; say so
-    with eos_id=None instead."""
+@pytest.mark.parametrize("sampler", ["greedy", Beam(3), TopP(0.9, seed=1)])
+def test_end_tokens_the_model_cannot_emit_are_refused_and_none_runs_to_max_length(sampler):
+    """An end id past the vocabulary (7 tokens here) ran every sequence to max_length; say so
+    with stop_token_ids=None instead."""
     model, _ = markov_model()
     for eos_id in (7, 0, BOS):
-        with pytest.raises(ValueError, match="Received: eos_id="):
-            search(model, SOURCE, 6, eos_id=eos_id)
-    tokens = as_np(search(model, SOURCE, 6, eos_id=None))
+        with pytest.raises(ValueError, match="Received: stop_token_ids="):
+            decoding.generate(model, SOURCE, 6, sampler=sampler, stop_token_ids=eos_id)
+    tokens = as_np(decoding.generate(model, SOURCE, 6, sampler=sampler, stop_token_ids=None))
     assert tokens.shape == (4, 6) and np.all(tokens > 0) and np.any(tokens == EOS)
 
 
 def test_source_ids_past_the_vocabulary_and_int32_lengths_are_refused():
     model = varied_transformer()  # source vocabulary: 15
-    with pytest.raises(ValueError, match="argument `source_ids`"):
-        decoding.greedy_search(model, [[4, 15, 0]], 5)
-    with pytest.raises(ValueError, match="argument `source_ids`"):
-        decoding.beam_search(model, [[4, -1, 0]], 5)
-    with pytest.raises(Exception, match="source_ids"):
-        call_traced(lambda s: decoding.greedy_search(model, s, 5),
-                    np.array([[4, 15, 0]], "int32"))
+    with pytest.raises(ValueError, match="argument `inputs`"):
+        decoding.generate(model, [[4, 15, 0]], 5)
+    with pytest.raises(ValueError, match="argument `inputs`"):
+        decoding.generate(model, [[4, -1, 0]], 5, sampler="beam")
+    with pytest.raises(Exception, match="inputs"):
+        call_traced(lambda s: decoding.generate(model, s, 5), np.array([[4, 15, 0]], "int32"))
     with pytest.raises(ValueError, match="argument `max_length`"):
-        decoding.greedy_search(model, T_SOURCE, 2**31)
+        decoding.generate(model, T_SOURCE, 2**31)
 
 
 def test_mask_predict_refuses_source_ids_past_the_vocabulary():

@@ -348,8 +348,8 @@ def test_the_length_penalty_reaches_every_beam_that_scores(monkeypatch):
     common = examples_module("translation_common")
     seen = []
 
-    def beam_search(model, ids, max_length, beam_size, length_penalty):
-        seen.append((beam_size, length_penalty))
+    def generate(model, ids, max_length, *, sampler):
+        seen.append((sampler.num_beams, sampler.length_penalty))
         return np.zeros((len(ids), max_length), "int32")
 
     class Data:  # what `score` reads of a TranslationData
@@ -365,7 +365,7 @@ def test_the_length_penalty_reaches_every_beam_that_scores(monkeypatch):
         def unknown_rate(self, sources):
             return 0.0
 
-    monkeypatch.setattr(decoding, "beam_search", beam_search)
+    monkeypatch.setattr(decoding, "generate", generate)
     args = argparse.Namespace(max_test=2, beam_size=3, length_penalty=1.7)
     metrics, rows = common.score(None, Data(), args)
     assert seen == [(3, 1.7), (3, 1.7)]  # the test pairs, then the validation split

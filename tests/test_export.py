@@ -114,11 +114,8 @@ def export_and_serve(model, data, beam_size, texts, tmp_path):
     expected = [t.decode() for t in in_python["translation"].numpy()]
     # Translating through the Python decoding API gives the same strings and scores.
     ids = data.encode_source([data.standardize(t) for t in IN_DISTRIBUTION], standardize=False)
-    tokens, scores = (
-        decoding.greedy_search(model, ids, data.target_length, return_scores=True)
-        if beam_size == 1 else
-        decoding.beam_search(model, ids, data.target_length, beam_size=beam_size,
-                             return_scores=True))
+    tokens, scores = decoding.generate(model, ids, data.target_length, return_scores=True,
+                                       sampler=decoding.Beam(beam_size))
     assert texts[:3] == IN_DISTRIBUTION and data.decode(tokens) == expected[:3]
     np.testing.assert_allclose(in_python["score"].numpy()[:3], np.asarray(scores), atol=1e-5)
 
@@ -212,6 +209,39 @@ def test_saved_model_cli_lists_both_signatures(dates, tmp_path):
     assert "outputs['translation'] tensor_info:\n        dtype: DT_STRING" in text
     assert "outputs['score'] tensor_info:\n        dtype: DT_FLOAT" in text
     assert "outputs['truncated'] tensor_info:\n        dtype: DT_BOOL" in text
+
+
+def test_one_saved_model_serves_greedy_and_beam_search_by_request(dates, tmp_path):
+    """`translate_with_settings` takes the search as a request setting: `beam_size` 1 is
+    greedy search (the fast one), the export's `beam_size` its beam search (what `translate`
+    serves); another value fails the call, naming `beam_size`."""
+    keras.utils.set_random_seed(0)
+    model = train(MODELS["transformer"](dates), dates)
+    path = str(tmp_path / "export")
+    export_translator(model, dates.source_vectorizer, dates.target_vectorizer, path,
+                      beam_size=3, length_penalty=1.0, standardize=dates.standardize_tf,
+                      joiner="")
+    translator = tf.saved_model.load(path)
+    texts = tf.constant(IN_DISTRIBUTION + ["the zzyzx of qwfp, 2021", "march 3rd, 2021"])
+
+    def python(beam_size):
+        return make_translate_fn(model, dates.source_vectorizer,
+                                 dates.target_vectorizer.get_vocabulary(), dates.target_length,
+                                 beam_size, 1.0, standardize=dates.standardize_tf,
+                                 joiner="")(texts)
+
+    served = {size: translator.signatures["translate_with_settings"](
+        text=texts, beam_size=tf.constant(size)) for size in (1, 3)}
+    default = translator.signatures["translate"](text=texts)
+    for size, out in served.items():
+        want = python(size)
+        assert out["translation"].numpy().tolist() == want["translation"].numpy().tolist()
+        np.testing.assert_allclose(out["score"].numpy(), want["score"].numpy(), atol=1e-5)
+    assert default["translation"].numpy().tolist() == served[3]["translation"].numpy().tolist()
+    # Beam search ranks by the score: it is never below greedy search's.
+    assert np.all(served[3]["score"].numpy() >= served[1]["score"].numpy() - 1e-5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="beam_size"):
+        translator.signatures["translate_with_settings"](text=texts, beam_size=tf.constant(2))
 
 
 def test_export_rejects_bad_arguments(dates, tmp_path):
@@ -323,8 +353,8 @@ def test_subword_translator_needs_the_sentencepiece_op_and_nothing_else(subword_
     assert served["truncated"] == [False] * (count + 3) + [True]
     # The same words as greedy search + TranslationData.decode (pieces -> words).
     sources = [data.standardize(t) for t in texts[count:]]
-    ids = decoding.greedy_search(model, data.encode_source(sources, standardize=False),
-                                 data.target_length)
+    ids = decoding.generate(model, data.encode_source(sources, standardize=False),
+                            data.target_length)
     assert served["translations"][count:] == data.decode(ids)
     assert all("\u2581" not in t and "  " not in t for t in served["translations"])
     assert served["logits_shape"] == [1, data.target_length, data.target_vocab_size]

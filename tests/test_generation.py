@@ -11,6 +11,7 @@ from layer_test_utils import run_layer_test
 
 import keras_attn as ka
 from keras_attn import decoding
+from keras_attn.decoding.samplers import Beam, Random, TopK, TopP
 from keras_attn.tokens import BOS_ID, EOS_ID
 
 PROMPTS = np.array([[BOS_ID, 5, 6, 7], [BOS_ID, 9, 0, 0], [BOS_ID, 0, 0, 0]], "int32")
@@ -73,22 +74,20 @@ def test_the_default_padding_is_the_models_own():
 
 def test_beam_of_one_top_k_of_one_and_cold_sampling_are_greedy(model):
     greedy = to_np(decoding.generate(model, PROMPTS, 10))
-    for kwargs in ({"strategy": "beam", "beam_size": 1},
-                   {"strategy": "sample", "top_k": 1, "seed": 4},
-                   {"strategy": "sample", "temperature": 1e-6, "seed": 4},
-                   {"strategy": "sample", "temperature": 0.0, "seed": 4},
-                   {"strategy": "sample", "top_p": 1e-6, "seed": 4}):
-        np.testing.assert_array_equal(to_np(decoding.generate(model, PROMPTS, 10, **kwargs)),
-                                      greedy, err_msg=str(kwargs))
+    for sampler in (Beam(1), TopK(1, seed=4), Random(1e-6, seed=4), Random(0.0, seed=4),
+                    TopP(1e-6, seed=4)):
+        np.testing.assert_array_equal(to_np(decoding.generate(model, PROMPTS, 10,
+                                                              sampler=sampler)),
+                                      greedy, err_msg=repr(sampler))
 
 
 def test_sampling_is_reproducible_by_seed_and_respects_max_new_tokens(model):
-    kwargs = {"strategy": "sample", "temperature": 1.5, "max_new_tokens": 3}
-    first = to_np(decoding.generate(model, PROMPTS, 12, seed=11, **kwargs))
-    np.testing.assert_array_equal(to_np(decoding.generate(model, PROMPTS, 12, seed=11,
-                                                          **kwargs)), first)
-    assert not np.array_equal(to_np(decoding.generate(model, PROMPTS, 12, seed=12, **kwargs)),
-                              first)
+    first = to_np(decoding.generate(model, PROMPTS, 12, sampler=Random(1.5, seed=11),
+                                    max_new_tokens=3))
+    np.testing.assert_array_equal(to_np(decoding.generate(
+        model, PROMPTS, 12, sampler=Random(1.5, seed=11), max_new_tokens=3)), first)
+    assert not np.array_equal(to_np(decoding.generate(
+        model, PROMPTS, 12, sampler=Random(1.5, seed=12), max_new_tokens=3)), first)
     lengths = (PROMPTS > 0).sum(1)
     generated = (first > 0).sum(1) - lengths
     assert np.all(generated <= 3) and np.all(first[:, lengths.max() + 3:] == 0)
@@ -106,7 +105,8 @@ def test_cached_steps_equal_the_full_pass_with_groups(position_encoding):
     prefix, state, _ = decoder.decode_step(ids[:, :4], 0, state)  # a prompt at once
     steps = [to_np(prefix)]
     for i in range(4, 9):
-        logits, state, attention = decoder.decode_step(ids[:, i], i, state, return_attention=True)
+        logits, state, attention = decoder.decode_step(ids[:, i], i, state,
+                                                       return_attention_scores=True)
         steps.append(to_np(logits)[:, None])
     assert attention.shape == (2, 2, 4, 9)
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
@@ -145,8 +145,8 @@ def test_sampled_frequencies_match_the_filtered_softmax(temperature, top_k, top_
     model = keras.Model(inputs, decoder(inputs))
     draws = 4000
     prompts = np.full((draws, 1), 7, "int32")
-    tokens = to_np(decoding.generate(model, prompts, 2, strategy="sample", seed=3,
-                                     temperature=temperature, top_k=top_k, top_p=top_p))
+    tokens = to_np(decoding.generate(model, prompts, 2, sampler=TopP(
+        top_p, k=top_k, temperature=temperature, seed=3)))
     counts = np.bincount(tokens[:, 1].astype(int), minlength=len(logits))
     logits_banned[[0, 2]] = -np.inf
     want = ref.sampling_distribution(logits_banned, temperature, top_k or None,
@@ -177,12 +177,9 @@ def test_a_reloaded_causal_lm_generates_the_same(model, tmp_path):
 
 @pytest.mark.parametrize("kwargs,arg", [
     ({"max_length": 4}, "max_length"),
-    ({"max_length": 10, "strategy": "nucleus"}, "strategy"),
-    ({"max_length": 10, "top_p": 0.0, "strategy": "sample"}, "top_p"),
-    ({"max_length": 10, "top_k": -1, "strategy": "sample"}, "top_k"),
-    ({"max_length": 10, "temperature": float("nan"), "strategy": "sample"}, "temperature"),
+    ({"max_length": 10, "sampler": "nucleus"}, "sampler"),
     ({"max_length": 10, "max_new_tokens": 0}, "max_new_tokens"),
-    ({"max_length": 10, "strategy": "beam", "max_new_tokens": 3}, "max_new_tokens"),
+    ({"max_length": 10, "sampler": "beam", "max_new_tokens": 3}, "max_new_tokens"),
 ])
 def test_bad_arguments_name_the_argument(model, kwargs, arg):
     with pytest.raises(ValueError, match=arg):
@@ -209,9 +206,17 @@ def test_max_new_tokens_beyond_the_buffer_means_as_many_as_fit(model):
     np.testing.assert_array_equal(to_np(traced), full)
 
 
+def sampling(name, value):
+    """`generate`'s keyword arguments with the setting `name` (a sampler's or
+    `max_new_tokens`) at `value`."""
+    if name == "max_new_tokens":
+        return {"max_new_tokens": value}
+    return {"sampler": TopP(**{"p": 0.9, "k": 5, "temperature": 0.7, "seed": 3, name: value})}
+
+
 BAD_SETTINGS = [("temperature", float("nan")), ("temperature", -1.0),
-                ("temperature", float("inf")), ("top_p", float("nan")), ("top_p", 0.0),
-                ("top_p", 1.5), ("top_k", -3), ("seed", -1), ("max_new_tokens", 0)]
+                ("temperature", float("inf")), ("p", float("nan")), ("p", 0.0),
+                ("p", 1.5), ("k", -3), ("seed", -1), ("max_new_tokens", 0)]
 
 
 @pytest.mark.parametrize("name,value", BAD_SETTINGS)
@@ -222,27 +227,28 @@ def test_settings_given_as_tensors_are_checked_not_replaced(model, name, value):
     message."""
     tensor = keras.ops.convert_to_tensor(value, "int32" if isinstance(value, int) else "float32")
     with pytest.raises(ValueError, match=f"argument `{name}`"):
-        decoding.generate(model, PROMPTS, 8, strategy="sample", **{name: value})
+        decoding.generate(model, PROMPTS, 8, **sampling(name, value))
     with pytest.raises(ValueError, match=f"argument `{name}`"):
-        decoding.generate(model, PROMPTS, 8, strategy="sample", **{name: tensor})
+        decoding.generate(model, PROMPTS, 8, **sampling(name, tensor))
     with pytest.raises(Exception, match=f"argument `{name}`"):
-        call_traced(lambda v: decoding.generate(model, PROMPTS, 8, strategy="sample",
-                                                **{name: v}), tensor)
+        call_traced(lambda v: decoding.generate(model, PROMPTS, 8, **sampling(name, v)),
+                    tensor)
 
 
 def test_settings_as_tensors_give_what_python_values_give(model):
-    python = {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": 3, "max_new_tokens": 4}
-    expected = to_np(decoding.generate(model, PROMPTS, 10, strategy="sample", **python))
+    python = {"p": 0.9, "k": 5, "temperature": 0.7, "seed": 3}
+    expected = to_np(decoding.generate(model, PROMPTS, 10, sampler=TopP(**python),
+                                       max_new_tokens=4))
     tensors = {name: keras.ops.convert_to_tensor(value) for name, value in python.items()}
-    np.testing.assert_array_equal(
-        to_np(decoding.generate(model, PROMPTS, 10, strategy="sample", **tensors)), expected)
-    traced = call_traced(lambda t, k, p, s, n: decoding.generate(
-        model, PROMPTS, 10, strategy="sample", temperature=t, top_k=k, top_p=p, seed=s,
-        max_new_tokens=n), *python.values())
+    np.testing.assert_array_equal(to_np(decoding.generate(
+        model, PROMPTS, 10, sampler=TopP(**tensors),
+        max_new_tokens=keras.ops.convert_to_tensor(4))), expected)
+    traced = call_traced(lambda p, k, t, s, n: decoding.generate(
+        model, PROMPTS, 10, sampler=TopP(p, k, t, s), max_new_tokens=n),
+        *python.values(), 4)
     np.testing.assert_array_equal(to_np(traced), expected)
-    with pytest.raises(ValueError, match="top_k"):  # a float where an integer is meant
-        decoding.generate(model, PROMPTS, 10, strategy="sample",
-                          top_k=keras.ops.convert_to_tensor(2.5))
+    with pytest.raises(ValueError, match="`k`"):  # a float where an integer is meant
+        TopP(0.9, k=keras.ops.convert_to_tensor(2.5))
 
 
 @pytest.mark.parametrize("prompt", [[[0, BOS_ID, 5, 6]], [[BOS_ID, 5, 0, 6]],
@@ -251,52 +257,54 @@ def test_settings_as_tensors_give_what_python_values_give(model):
 def test_prompts_that_are_not_right_padded_are_refused(model, prompt):
     """They lost their last token or decoded garbage (torch: an unrelated error)."""
     prompt = np.array(prompt, "int32")
-    with pytest.raises(ValueError, match="prompt_ids.*right-padded"):
+    with pytest.raises(ValueError, match="inputs.*right-padded"):
         decoding.generate(model, prompt, 8)
-    with pytest.raises(Exception, match="prompt_ids.*right-padded"):
+    with pytest.raises(Exception, match="inputs.*right-padded"):
         call_traced(lambda p: decoding.generate(model, p, 8), prompt)
 
 
 @pytest.mark.parametrize("prompt,kwargs,arg", [
-    (PROMPTS, {"eos_id": 24}, "eos_id"),  # the vocabulary is 0..23: no row would ever end
-    (PROMPTS, {"eos_id": 0}, "eos_id"),  # padding is never emitted
-    (PROMPTS, {"eos_id": BOS_ID}, "eos_id"),  # nor is <bos>
+    (PROMPTS, {"stop_token_ids": 24}, "stop_token_ids"),  # the vocabulary is 0..23
+    (PROMPTS, {"stop_token_ids": 0}, "stop_token_ids"),  # padding is never emitted
+    (PROMPTS, {"stop_token_ids": BOS_ID}, "stop_token_ids"),  # nor is <bos>
     (PROMPTS, {"max_length": 2**31}, "max_length"),  # positions are int32
-    ([[BOS_ID, 24]], {}, "prompt_ids"),
-    ([[BOS_ID, -1]], {}, "prompt_ids"),
-    ([[2.0, 5.0]], {}, "prompt_ids"),
+    ([[BOS_ID, 24]], {}, "inputs"),
+    ([[BOS_ID, -1]], {}, "inputs"),
+    ([[2.0, 5.0]], {}, "inputs"),
 ])
 def test_out_of_range_ids_and_lengths_name_the_argument(model, prompt, kwargs, arg):
     """A token past the vocabulary and max_length=2**31 were bare "Graph execution error"s,
-    an eos_id past the vocabulary ran every row to max_length."""
+    an end id past the vocabulary ran every row to max_length."""
     kwargs = {"max_length": 8, **kwargs}
     with pytest.raises(ValueError, match=f"argument `{arg}`|Argument `{arg}`"):
         decoding.generate(model, prompt, **kwargs)
 
 
 def test_a_prompt_id_past_the_vocabulary_fails_inside_a_graph(model):
-    with pytest.raises(Exception, match="prompt_ids"):
+    with pytest.raises(Exception, match="inputs"):
         call_traced(lambda p: decoding.generate(model, p, 8),
                     np.array([[BOS_ID, 30, 5]], "int32"))
 
 
 def test_without_an_end_token_every_row_runs_to_its_limit(model):
-    tokens = to_np(decoding.generate(model, PROMPTS, 10, eos_id=None))
+    tokens = to_np(decoding.generate(model, PROMPTS, 10, stop_token_ids=None))
     assert np.all(tokens > 0)
     lengths = (PROMPTS > 0).sum(1)
-    limited = to_np(decoding.generate(model, PROMPTS, 10, eos_id=None, max_new_tokens=3))
+    limited = to_np(decoding.generate(model, PROMPTS, 10, stop_token_ids=None,
+                                      max_new_tokens=3))
     np.testing.assert_array_equal((limited > 0).sum(1), lengths + 3)
-    beams = to_np(decoding.generate(model, PROMPTS, 10, eos_id=None, strategy="beam",
-                                    beam_size=2))
+    beams = to_np(decoding.generate(model, PROMPTS, 10, stop_token_ids=None, sampler=Beam(2)))
     assert np.all(beams > 0)
 
 
 def test_numpy_int64_arguments_equal_python_ints(model):
     """int64 `max_length` with `max_new_tokens` failed with a TensorFlow dtype error."""
     i64 = np.int64
-    for kwargs in ({"max_new_tokens": 3, "strategy": "sample", "top_k": 5, "seed": 4},
-                   {"strategy": "beam", "beam_size": 2, "eos_id": EOS_ID}):
-        as_int64 = {k: i64(v) if isinstance(v, int) else v for k, v in kwargs.items()}
+    for kwargs, as_int64 in (
+            ({"max_new_tokens": 3, "sampler": TopK(5, seed=4)},
+             {"max_new_tokens": i64(3), "sampler": TopK(i64(5), seed=i64(4))}),
+            ({"sampler": Beam(2), "stop_token_ids": EOS_ID},
+             {"sampler": Beam(i64(2)), "stop_token_ids": i64(EOS_ID)})):
         np.testing.assert_array_equal(
             to_np(decoding.generate(model, PROMPTS.astype("int64"), i64(10), **as_int64)),
             to_np(decoding.generate(model, PROMPTS, 10, **kwargs)))
@@ -316,10 +324,11 @@ def test_decode_step_takes_int64_positions(model, int64):
     np.testing.assert_array_equal(last_logits(int64), last_logits(int))
 
 
-def test_a_sequence_to_sequence_model_is_refused_by_name():
+def test_a_sequence_to_sequence_model_is_decoded_as_one():
     """`generate(transformer_seq2seq(...))` failed inside an autograph trace with a TypeError
-    about `init_decode_state`'s arguments."""
+    about `init_decode_state`'s arguments; now `generate` decodes it (source ids in, `max_length`
+    target ids out)."""
     seq2seq = ka.models.transformer_seq2seq(12, 12, num_layers=1, embed_dim=8, num_heads=2,
                                             ffn_dim=8)
-    with pytest.raises(ValueError, match="`model`.*greedy_search"):
-        decoding.generate(seq2seq, np.array([[2, 5, 6]], "int32"), 6)
+    tokens = to_np(decoding.generate(seq2seq, np.array([[2, 5, 6]], "int32"), 6))
+    assert tokens.shape == (1, 6) and tokens[0, 0] not in (0, BOS_ID)  # never emitted

@@ -62,7 +62,7 @@ def test_int8_logits_stay_close_decode_as_they_run_and_load_back(position_encodi
     assert np.sqrt(np.mean(error ** 2)) < 0.05 * spread
     assert np.abs(error).max() < 0.3 * spread
     prompt = IDS[:, :3]
-    tokens = to_np(ka.decoding.generate(model, prompt, 12, eos_id=None))
+    tokens = to_np(ka.decoding.generate(model, prompt, 12, stop_token_ids=None))
     # Incremental decoding over the int8 cache path equals the whole sequence at once
     # (activations are quantized per token, so each position sees the same numbers).
     full = greedy_tokens(to_np(model(tokens[:, :-1])))
@@ -75,4 +75,4 @@ def test_int8_logits_stay_close_decode_as_they_run_and_load_back(position_encodi
     assert len(int8_paths(model)) >= 2 * 4 + 1  # q, k, v, output per block; the head
     assert_allclose(to_np(loaded(IDS)), outputs, atol=1e-6)
     np.testing.assert_array_equal(
-        to_np(ka.decoding.generate(loaded, prompt, 12, eos_id=None)), tokens)
+        to_np(ka.decoding.generate(loaded, prompt, 12, stop_token_ids=None)), tokens)

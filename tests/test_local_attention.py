@@ -225,7 +225,7 @@ def test_windowed_transformer_cached_decoding_equals_full_pass():
     model = transformer_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=32,
                                 dropout=0.0, sliding_window=3)
     source = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
-    tokens = as_np(decoding.greedy_search(model, source, 6, eos_id=None))
+    tokens = as_np(decoding.generate(model, source, 6, stop_token_ids=None))
     prefix = np.concatenate([np.full((2, 1), 2, "int32"), tokens[:, :-1]], 1)
     logits = as_np(model([source, prefix])).copy()
     logits[..., [0, 2]] = -np.inf  # never emitted by the search

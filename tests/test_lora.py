@@ -73,8 +73,9 @@ def test_a_lora_model_saves_and_loads_with_equal_outputs_and_generates(tmp_path)
     # The file holds the merged kernels W + (alpha / rank) A B.
     assert_allclose(to_np(loaded(x)), outputs, atol=1e-5)
     prompt = x[:2, :4]
-    tokens = to_np(ka.decoding.generate(model, prompt, 12, eos_id=None))
-    assert_allclose(to_np(ka.decoding.generate(loaded, prompt, 12, eos_id=None)), tokens,
+    tokens = to_np(ka.decoding.generate(model, prompt, 12, stop_token_ids=None))
+    assert_allclose(to_np(ka.decoding.generate(loaded, prompt, 12, stop_token_ids=None)),
+                    tokens,
                     atol=0)
     # Incremental decoding with the LoRA projections equals the full forward pass.
     full = greedy_tokens(to_np(model(tokens[:, :-1])))

@@ -79,13 +79,13 @@ def test_training_and_decoding_never_ask_for_attention_weights(name, asked):
     model, inputs = _models()[name]
     model(inputs, training=True)
     if name == "transformer_seq2seq":
-        decoding.greedy_search(model, SOURCE, 5)
-        decoding.beam_search(model, SOURCE, 5, beam_size=2)
+        decoding.generate(model, SOURCE, 5)
+        decoding.generate(model, SOURCE, 5, sampler=decoding.Beam(2))
     elif name == "causal_lm":
         decoding.generate(model, LM_IDS[:, :3], 6)
     assert asked and not any(asked)
     if name == "transformer_seq2seq":  # the heatmaps still get theirs
-        _, attention = decoding.greedy_search(model, SOURCE, 5, return_attention=True)
+        _, attention = decoding.generate(model, SOURCE, 5, return_attention_scores=True)
         assert attention.shape == (2, 5, 2, 4, 5) and any(asked)
 
 
@@ -116,7 +116,7 @@ def test_stacks_return_the_weights_they_are_asked_for():
     state = decoder.init_decode_state(2, 7)
     _, state, none = decoder.decode_step(LM_IDS[:, 0], 0, state)  # not asked: not formed
     assert none is None
-    _, _, attention = decoder.decode_step(LM_IDS[:, 1], 1, state, return_attention=True)
+    _, _, attention = decoder.decode_step(LM_IDS[:, 1], 1, state, return_attention_scores=True)
     assert attention.shape == (2, 2, 4, 7)
     encoder = TransformerEncoder(19, **SIZES)
     hidden, weights = encoder(SOURCE, return_attention_scores=True)

@@ -95,8 +95,8 @@ def test_save_load_same_outputs_and_translations(model, tmp_path):
     masked = np.array([[MASK, 5, MASK, 7, 0, 0, 0]] * 4, "int32")
     for a, b in zip(model([src, masked]), loaded([src, masked])):
         assert_allclose(a, b, atol=1e-6)
-    for a, b in zip(mask_predict(model, src, 3, length_beam=2),
-                    mask_predict(loaded, src, 3, length_beam=2)):
+    for a, b in zip(mask_predict(model, src, iterations=3, length_beam=2),
+                    mask_predict(loaded, src, iterations=3, length_beam=2)):
         assert_allclose(a, b, atol=1e-6)
     assert isinstance(loaded.get_layer("decoder"), CMLMDecoder)
 
@@ -106,7 +106,8 @@ def test_save_load_same_outputs_and_translations(model, tmp_path):
 
 def test_one_iteration_is_the_argmax_of_one_parallel_pass_at_the_predicted_length(model):
     src = sources()
-    ids, scores, lengths = (as_np(x) for x in mask_predict(model, src, 1, return_lengths=True))
+    ids, scores, lengths = (as_np(x) for x in mask_predict(model, src, iterations=1,
+                                                           return_lengths=True))
     _, length_logits = model([src, np.zeros((4, MAX_LENGTH), "int32")])
     expected_lengths = np.argmax(as_np(length_logits)[:, 1:], axis=-1) + 1  # 1..MAX_LENGTH
     assert_array_equal(lengths, expected_lengths)
@@ -145,7 +146,7 @@ def numpy_mask_predict(model, src, iterations):
 @pytest.mark.parametrize("iterations", [2, 5])
 def test_iterations_match_a_numpy_mask_predict(model, iterations):
     src = sources(batch=6, seed=3)
-    ids, scores, lengths = (as_np(x) for x in mask_predict(model, src, iterations,
+    ids, scores, lengths = (as_np(x) for x in mask_predict(model, src, iterations=iterations,
                                                            return_lengths=True))
     tokens, expected_scores, expected_lengths = numpy_mask_predict(model, src, iterations)
     assert_array_equal(lengths, expected_lengths)
@@ -165,7 +166,7 @@ def test_outputs_never_hold_mask_pad_bos_eos_among_the_tokens(iterations, length
     dense.bias.assign(bias)
     src = sources(batch=5, seed=iterations)
     ids, scores, lengths = (as_np(x) for x in mask_predict(
-        model, src, iterations, length_beam=length_beam, return_lengths=True))
+        model, src, iterations=iterations, length_beam=length_beam, return_lengths=True))
     assert ids.shape == (5, MAX_LENGTH) and scores.shape == (5,)
     assert not np.any(ids == MASK)
     for row, length in enumerate(lengths):
@@ -179,14 +180,15 @@ def test_outputs_never_hold_mask_pad_bos_eos_among_the_tokens(iterations, length
 
 def test_length_beam_keeps_the_best_mean_log_probability(model):
     src = sources(batch=4, seed=5)
-    _, beam_scores = mask_predict(model, src, 2, length_beam=3)
-    _, single_scores = mask_predict(model, src, 2, length_beam=1)
+    _, beam_scores = mask_predict(model, src, iterations=2, length_beam=3)
+    _, single_scores = mask_predict(model, src, iterations=2, length_beam=1)
     # The argmax length is one of the three candidates, decoded the same way.
     assert np.all(as_np(beam_scores) >= as_np(single_scores) - 1e-6)
 
 
 def test_max_length_clips_the_predicted_length(model):
-    ids, _, lengths = mask_predict(model, sources(), 2, max_length=2, return_lengths=True)
+    ids, _, lengths = mask_predict(model, sources(), iterations=2, max_length=2,
+                                   return_lengths=True)
     assert as_np(ids).shape == (4, 2) and np.all(as_np(lengths) <= 2)
 
 
@@ -206,7 +208,7 @@ def test_mask_predict_rejects_bad_arguments(model, kwargs, name):
 def test_bad_models_and_builder_arguments_raise():
     seq2seq = transformer_seq2seq(10, 10, num_layers=1, embed_dim=8, num_heads=2, ffn_dim=8)
     with pytest.raises(ValueError, match="model"):
-        mask_predict(seq2seq, sources(), 2)
+        mask_predict(seq2seq, sources(), iterations=2)
     with pytest.raises(ValueError, match="max_target_length"):
         nat_seq2seq(10, 10, num_layers=1, embed_dim=8, num_heads=2, ffn_dim=8)
     with pytest.raises(ValueError, match="num_heads"):
@@ -475,7 +477,8 @@ def test_exported_translate_equals_mask_predict_in_python(dates, tmp_path):
         assert_array_equal(served[key].numpy(), in_python[key].numpy())
     np.testing.assert_allclose(served["score"].numpy(), in_python["score"].numpy(), atol=1e-5)
     # ... and equals mask_predict + TranslationData.decode on the same sources.
-    ids, scores = mask_predict(model, dates.encode_source(texts[:2]), 3, length_beam=2)
+    ids, scores = mask_predict(model, dates.encode_source(texts[:2]), iterations=3,
+                               length_beam=2)
     assert [t.decode() for t in served["translation"].numpy()[:2]] == dates.decode(ids)
     np.testing.assert_allclose(served["score"].numpy()[:2], as_np(scores), atol=1e-5)
     for i in [2, *range(4, len(texts))]:

@@ -343,7 +343,7 @@ def test_cached_steps_equal_full_forward(norm_first):
     assert (3, 4, 9, 4) in shapes  # (B, H, max_length, head_dim) self-attention caches
     for index in range(tgt.shape[1]):
         logits, state, attention = decoder.decode_step(tgt[:, index], index, state,
-                                                       return_attention=True)
+                                                       return_attention_scores=True)
         assert dtype_of(logits) == "float32" and attention.shape == (3, 3, 4, 6)
         assert_allclose(to_np(logits), to_np(full)[:, index], atol=1e-5)
         assert_allclose(to_np(attention), to_np(full_weights)[:, :, :, index],
@@ -381,8 +381,8 @@ def test_save_load_identical_logits_and_greedy(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path, safe_mode=True)
     assert_array_equal(to_np(loaded([src, tgt])), to_np(model([src, tgt])))
-    greedy = to_np(decoding.greedy_search(model, src, 6))
-    assert_array_equal(to_np(decoding.greedy_search(loaded, src, 6)), greedy)
+    greedy = to_np(decoding.generate(model, src, 6))
+    assert_array_equal(to_np(decoding.generate(loaded, src, 6)), greedy)
     assert len(np.unique(greedy)) > 2  # not a degenerate constant output
 
 
@@ -397,7 +397,7 @@ def test_mixed_bfloat16_forward_gives_finite_float32_logits():
     tgt = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
     logits = model([src, tgt])
     assert dtype_of(logits) == "float32" and np.all(np.isfinite(to_np(logits)))
-    tokens = to_np(decoding.greedy_search(model, src, 5))
+    tokens = to_np(decoding.generate(model, src, 5))
     assert tokens.shape == (2, 5)
 
 
@@ -431,7 +431,7 @@ def test_copy_task_learns(norm_first):
     src, tgt_in, tgt_out = copy_data(2000, rng)
     model.fit([src, tgt_in], tgt_out, batch_size=64, epochs=3, verbose=0)
     test_src, _, test_out = copy_data(200, rng)
-    predicted = to_np(decoding.greedy_search(model, test_src, 6)).astype("int32")
+    predicted = to_np(decoding.generate(model, test_src, 6)).astype("int32")
     valid = test_out != 0
     accuracy = np.mean(predicted[valid] == test_out[valid])
     assert accuracy >= 0.95, accuracy

@@ -330,18 +330,19 @@ def generation_ids(spec: ArchitectureSpec) -> dict:
     """The checkpoint's special ids as `keras_attn.decoding.generate` takes them.
 
     Returns:
-        dict: `eos_id` (the checkpoint's end ids: an int, a tuple when it has several, None
-        when none), `pad_id` (its padding id; the first end id when it has none, as
-        `transformers` pads; 0 when it has neither) and `suppressed_ids=()` (a checkpoint's
-        own ids may all be generated, unlike keras_attn's reserved ones).
+        dict: `stop_token_ids` (the checkpoint's end ids: an int, a tuple when it has several,
+        None when none; keras_attn 0.2's `eos_id`), `pad_id` (its padding id; the first end id
+        when it has none, as `transformers` pads; 0 when it has neither) and
+        `suppressed_ids=()` (a checkpoint's own ids may all be generated, unlike keras_attn's
+        reserved ones): `keras_attn.decoding.special_ids` derives the rest from them.
     """
     check_spec(spec)
     eos = tuple(spec.eos_token_ids)
     pad = spec.pad_token_id
     if pad is None:
         pad = eos[0] if eos else 0
-    return {"eos_id": None if not eos else eos[0] if len(eos) == 1 else eos, "pad_id": pad,
-            "suppressed_ids": ()}
+    return {"stop_token_ids": None if not eos else eos[0] if len(eos) == 1 else eos,
+            "pad_id": pad, "suppressed_ids": ()}
 
 
 def from_pretrained(directory: str, dtype: str | None = None,

@@ -57,14 +57,20 @@ def _in_graph(ok, message: str, data: tuple, values: tuple) -> tuple:
     return values
 
 
-# name: (what is expected, integer setting?, the condition on the value (NumPy or tensor)).
-SETTINGS = {
-    "max_new_tokens": ("a positive integer", True, lambda v: v >= 1),
-    "temperature": ("a finite number >= 0", False, lambda v: (v >= 0) & (v < np.inf)),
-    "top_k": ("a non-negative integer", True, lambda v: v >= 0),
-    "top_p": ("a number in (0, 1]", False, lambda v: (v > 0) & (v <= 1)),
-    "seed": (f"an integer in [0, {INT32_MAX}]", True, lambda v: (v >= 0) & (v <= INT32_MAX)),
-}
+# What a setting may be: (what is expected, integer?, the condition on the value (NumPy or
+# tensor)).
+POSITIVE_INT = ("a positive integer", True, lambda v: v >= 1)
+NON_NEGATIVE_INT = ("a non-negative integer", True, lambda v: v >= 0)
+NON_NEGATIVE = ("a finite number >= 0", False, lambda v: (v >= 0) & (v < np.inf))
+TEMPERATURE = NON_NEGATIVE
+PROBABILITY = ("a number in (0, 1]", False, lambda v: (v > 0) & (v <= 1))
+FRACTION = ("a number in [0, 1]", False, lambda v: (v >= 0) & (v <= 1))
+POSITIVE = ("a finite number > 0", False, lambda v: (v > 0) & (v < np.inf))
+SEED = (f"an integer in [0, {INT32_MAX}]", True, lambda v: (v >= 0) & (v <= INT32_MAX))
+
+# keras_attn 0.2's sampling settings by name (`settings`).
+SETTINGS = {"max_new_tokens": POSITIVE_INT, "temperature": TEMPERATURE,
+            "top_k": NON_NEGATIVE_INT, "top_p": PROBABILITY, "seed": SEED}
 
 
 def _kind(value) -> str:
@@ -75,14 +81,72 @@ def _kind(value) -> str:
         "float" if "float" in dtype else dtype)
 
 
+def scalar(name: str, value, kind: tuple):
+    """A scalar setting, checked: a Python number when its value is known now, else the
+    tensor, which the program checks when it runs (module docstring).
+
+    Args:
+        name: the argument's name, for the messages.
+        value: a Python number, or a scalar NumPy array or tensor.
+        kind: what the value may be (`POSITIVE_INT`, `TEMPERATURE`, ...).
+
+    Returns:
+        An int (integer settings, at most `2**31 - 1`: a larger one means the same there) or
+        a float; or a tensor (int32 or float32) whose value is not known yet.
+
+    Raises:
+        ValueError: naming `name`, for a known value out of range, a non-scalar, a bool, or a
+            float where an integer is expected.
+    """
+    expected, integer, condition = kind
+    message = _message(name, expected)
+    shape = getattr(value, "shape", None)
+    value_kind = _kind(value)
+    if (shape is not None and len(shape) != 0) or value_kind not in ("int", "float") or (
+            integer and value_kind != "int"):
+        raise ValueError(message + f"{name}={value!r}")
+    known = concrete_value(value)
+    if known is not None:
+        if not bool(condition(known)):
+            raise ValueError(message + f"{name}={known.item()!r}")
+        return min(int(known), INT32_MAX) if integer else float(known)
+    (value,) = _in_graph(condition(value), message + f"{name}=", (value,), (value,))
+    if integer:
+        value = ops.minimum(value, ops.cast(INT32_MAX, value.dtype))
+    return ops.cast(value, "int32" if integer else "float32")
+
+
+def as_tensor(value, integer: bool):
+    """A checked setting (`scalar`) as an int32 or float32 scalar tensor."""
+    dtype = "int32" if integer else "float32"
+    return ops.cast(value, dtype) if hasattr(value, "dtype") else ops.convert_to_tensor(
+        value, dtype)
+
+
+def one_of(name: str, value, allowed: tuple):
+    """A scalar int `value` checked to be one of the ints `allowed`: a ValueError when its
+    value is known now, else the program fails with the same message; int32."""
+    message = _message(name, f"one of {allowed}")
+    if _kind(value) != "int" or len(getattr(value, "shape", ())) != 0:
+        raise ValueError(message + f"{name}={value!r}")
+    known = concrete_value(value)
+    if known is not None:
+        if int(known) not in allowed:
+            raise ValueError(message + f"{name}={known.item()!r}")
+        return ops.convert_to_tensor(int(known), "int32")
+    ok = ops.any(ops.equal(ops.cast(value, "int32"), ops.convert_to_tensor(allowed, "int32")))
+    (value,) = _in_graph(ok, message + f"{name}=", (value,), (value,))
+    return ops.cast(value, "int32")
+
+
 def settings(caps: dict | None = None, **values) -> dict:
     """The decoding settings `values` (names of `SETTINGS`), checked, as int32 / float32 scalar
     tensors.
 
     Args:
         caps: optional `{name: int}`: an integer setting above its cap means the same as the
-            cap (`max_new_tokens` beyond `max_length`, `top_k` beyond the vocabulary), so it is
-            taken down to it before becoming int32 (never wrapped around). Defaults to `None`.
+            cap (`max_new_tokens` beyond `max_length`), so it is taken down to it. Defaults to
+            `None`.
         **values: each a Python number or a scalar (NumPy array, tensor), e.g.
             `temperature=0.8`.
 
@@ -90,31 +154,17 @@ def settings(caps: dict | None = None, **values) -> dict:
         `{name: tensor}`, in the order given.
 
     Raises:
-        ValueError: naming the setting, for a value known now that is out of range, a
-            non-scalar, a bool, or a float where an integer is expected.
+        ValueError: naming the setting, as `scalar`.
     """
     caps = caps or {}
     checked = {}
     for name, value in values.items():
-        expected, integer, condition = SETTINGS[name]
-        message = _message(name, expected)
-        shape = getattr(value, "shape", None)
-        kind = _kind(value)
-        if (shape is not None and len(shape) != 0) or kind not in ("int", "float") or (
-                integer and kind != "int"):
-            raise ValueError(message + f"{name}={value!r}")
-        cap = min(caps.get(name, INT32_MAX), INT32_MAX)
-        known = concrete_value(value)
-        if known is not None:
-            if not bool(condition(known)):
-                raise ValueError(message + f"{name}={known.item()!r}")
-            scalar = min(int(known), cap) if integer else float(known)
-            checked[name] = ops.convert_to_tensor(scalar, "int32" if integer else "float32")
-            continue
-        (value,) = _in_graph(condition(value), message + f"{name}=", (value,), (value,))
-        if integer:
-            value = ops.minimum(value, ops.cast(cap, value.dtype))
-        checked[name] = ops.cast(value, "int32" if integer else "float32")
+        kind = SETTINGS[name]
+        value = scalar(name, value, kind)
+        if name in caps:
+            value = (min(value, caps[name]) if isinstance(value, int)
+                     else ops.minimum(value, caps[name]))
+        checked[name] = as_tensor(value, kind[1])
     return checked
 
 
@@ -230,23 +280,35 @@ def length(name: str, value, minimum: int) -> None:
                                         "are int32)") + f"{name}={value!r}")
 
 
-def end_token(eos_id, vocab_size, never_emitted) -> None:
-    """Raise unless `eos_id` is None (no end token) or a token the search can emit: below
-    `vocab_size` (when known) and not one of `never_emitted`; or a non-empty tuple of such
-    tokens."""
-    if eos_id is None:
-        return
-    if isinstance(eos_id, tuple) and eos_id and not any(isinstance(e, tuple) for e in eos_id):
-        for end in eos_id:
-            end_token(end, vocab_size, never_emitted)
-        return
-    expected = "None (no end token) or a token id the model can emit"
-    if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)) or eos_id < 0:
-        raise ValueError(_message("eos_id", expected) + f"eos_id={eos_id!r}")
-    if vocab_size is not None and eos_id >= vocab_size:
-        raise ValueError(_message("eos_id", expected + f", below the vocabulary size "
-                                  f"{vocab_size}") + f"eos_id={eos_id!r}")
-    if int(eos_id) in tuple(int(t) for t in never_emitted):
-        raise ValueError(_message("eos_id", expected + f", not one of the ids never emitted "
-                                  f"{tuple(never_emitted)} (padding, <bos>)") +
-                         f"eos_id={eos_id!r}")
+def stop_tokens(stop_token_ids, vocab_size, never_emitted) -> tuple | None:
+    """`stop_token_ids` as a tuple of ints, or None (no id ends a row), checked: each a token
+    the search can emit, below `vocab_size` (when known) and not one of `never_emitted`.
+
+    Args:
+        stop_token_ids: None, an int, or a tuple or list of ints (an empty one is None).
+        vocab_size: optional int, the model's vocabulary size.
+        never_emitted: the ids the search never chooses (padding, `<bos>`).
+
+    Returns:
+        A tuple of ints, or None.
+
+    Raises:
+        ValueError: naming `stop_token_ids`.
+    """
+    if stop_token_ids is None:
+        return None
+    name = "stop_token_ids"
+    ids = tuple(stop_token_ids) if isinstance(stop_token_ids, (tuple, list)) else (
+        stop_token_ids,)
+    expected = "None (no end token), or a token id the model can emit or a tuple of them"
+    for end in ids:
+        if isinstance(end, bool) or not isinstance(end, (int, np.integer)) or end < 0:
+            raise ValueError(_message(name, expected) + f"{name}={stop_token_ids!r}")
+        if vocab_size is not None and end >= vocab_size:
+            raise ValueError(_message(name, expected + f", below the vocabulary size "
+                                      f"{vocab_size}") + f"{name}={stop_token_ids!r}")
+        if int(end) in tuple(int(t) for t in never_emitted):
+            raise ValueError(_message(name, expected + f", not one of the ids never emitted "
+                                      f"{tuple(never_emitted)} (padding, <bos>)") +
+                             f"{name}={stop_token_ids!r}")
+    return tuple(int(end) for end in ids) or None

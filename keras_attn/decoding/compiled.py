@@ -25,8 +25,10 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
     Args:
         fn: the decoding function; `options` are Python values (static), `arrays` tensors.
         model: the model decoded (a weak key of the cache of compiled functions).
-        arrays: tensors: integer ids first, then scalars (sampling parameters).
-        options: keyword arguments fixed for the compiled function.
+        arrays: tensors: integer ids first, then scalars (a sampler's numbers).
+        options: keyword arguments fixed for the compiled function; an option with a
+            `compile_key()` (a sampler) is told apart by it (one program serves every value of
+            its numbers, which `fn` takes from `arrays`).
         jit_compile: bool, compile with XLA under TensorFlow.
 
     Returns:
@@ -39,10 +41,10 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
         if tf.inside_function():
             return fn(model, *arrays, **options)
         arrays = tuple(tf.convert_to_tensor(a) for a in arrays)
-        key = (fn.__name__, "tf", jit_compile, tuple(sorted(options.items())),
+        key = (fn.__name__, "tf", jit_compile, _static(options),
                tuple(a.dtype for a in arrays), tuple(len(a.shape) for a in arrays))
     elif backend == "jax":
-        key = (fn.__name__, "jax", tuple(sorted(options.items())))
+        key = (fn.__name__, "jax", _static(options))
     else:
         return fn(model, *arrays, **options)
     compiled = _COMPILED.setdefault(model, {})
@@ -69,6 +71,12 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
     if backend == "jax":
         return compiled[key]([v.value for v in model.variables], *arrays)
     return compiled[key](*arrays)
+
+
+def _static(options: dict) -> tuple:
+    """The options as a hashable key (a sampler by its `compile_key()`)."""
+    return tuple((name, value.compile_key() if hasattr(value, "compile_key") else value)
+                 for name, value in sorted(options.items(), key=lambda item: item[0]))
 
 
 def has_layer(model, name: str) -> bool:

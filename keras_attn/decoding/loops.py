@@ -5,11 +5,12 @@ Both loops know no model. They drive a `step(token_ids, index, state)` function 
 `(logits, state, attention)` (`keras_attn.decoding.contract.Decoder.decode_step`): `token_ids`
 int32 `(N,)` is the token at position `index` (a scalar int32 tensor), `logits` float32
 `(N, V)` predict position `index + 1`, `attention` is that step's attention `(N, ...)`, read
-only with `return_attention=True` (it may be None otherwise). Sequences are `(B, L)` token
-buffers: each row's first `prompt_lengths[b]` tokens are given (forced), the rest is chosen. A token
-chosen after a row emitted `eos_id` is padding; with `eos_id=None` no token ends a row. An
-`eos_id` the model cannot emit (outside its logits, or one of the tokens never emitted) is
-refused with a ValueError when the loop is built.
+only with `return_attention_scores=True` (it may be None otherwise). Sequences are `(B, L)`
+token buffers: each row's first `prompt_lengths[b]` tokens are given (forced), the rest is
+chosen (by a sampler, `keras_attn.decoding.samplers`). A token chosen after a row emitted one of
+`stop_token_ids` is padding; with `stop_token_ids=None` no token ends a row. A stop id the
+model cannot emit (outside its logits, or one of the tokens never emitted) is refused with a
+ValueError when the loop is built.
 """
 
 from __future__ import annotations
@@ -42,23 +43,20 @@ def _zero_rows(done, values):
     return ops.where(done, ops.zeros_like(values), values)
 
 
-def _ends(token, eos_id):
-    """Boolean: `token` is the end token, or one of a tuple of them (never, with
-    `eos_id=None`)."""
-    if eos_id is None:
-        return ops.zeros_like(token, "bool")
+def _ends(token, stop_token_ids):
+    """Boolean: `token` is one of the tuple `stop_token_ids` (never, with None)."""
     ends = ops.zeros_like(token, "bool")
-    for end in (eos_id if isinstance(eos_id, tuple) else (eos_id,)):
+    for end in stop_token_ids or ():
         ends = ops.logical_or(ends, ops.equal(token, end))
     return ends
 
 
-def _check_end_token(logits, eos_id, never_emitted) -> None:
-    """The ValueError of `checks.end_token`, with the vocabulary read from the logits' static
-    shape (when it is known)."""
+def _check_end_token(logits, stop_token_ids, never_emitted) -> None:
+    """The ValueError of `checks.stop_tokens`, with the vocabulary read from the logits'
+    static shape (when it is known)."""
     vocab_size = logits.shape[-1]
-    checks.end_token(eos_id, vocab_size if isinstance(vocab_size, int) else None,
-                     never_emitted)
+    checks.stop_tokens(stop_token_ids, vocab_size if isinstance(vocab_size, int) else None,
+                       never_emitted)
 
 
 def _masked_logits(logits, never_emitted: tuple):
@@ -75,20 +73,24 @@ def length_penalty(lengths, alpha):
     return ops.power((5.0 + ops.cast(lengths, "float32")) / 6.0, ops.cast(alpha, "float32"))
 
 
-def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emitted, choose,
-               return_attention: bool = False, alpha=0.0, return_scores: bool = True,
-               limits=None, pad_id: int = PAD_ID):
-    """Greedy search or sampling: at each step `choose(logits, index)` picks the next token.
+def token_loop(step, state, tokens, prompt_lengths, stop_token_ids: tuple | None,
+               never_emitted, choose, return_attention_scores: bool = False, alpha=0.0,
+               return_scores: bool = True, limits=None, pad_id: int = PAD_ID):
+    """One token at a time: at each step `choose(logits, tokens, index)` picks the next token
+    (a sampler's `get_next_token`).
 
     Args:
         step: the step function (module docstring).
         state: the decoding state after the prompt's positions before `min(prompt_lengths) - 1`.
         tokens: int32 `(B, L)`: the prompts, then anything.
         prompt_lengths: int32 `(B,)`, each at least 1.
-        eos_id: the end token, a tuple of end tokens, or None (none).
+        stop_token_ids: a tuple of the ids that end a row, or None (none).
         never_emitted: tuple of token ids never chosen (padding, `<bos>`).
-        choose: `(logits float32 (B, V), index) -> int32 (B,)`.
-        return_attention: bool, also return every step's attention `(B, L - 1, ...)`.
+        choose: `(logits float32 (B, V), tokens int32 (B, L), index) -> int32 (B,)`: the
+            logits with the ids never emitted at `NEG`; `tokens[:, :index + 1]` the sequences
+            so far.
+        return_attention_scores: bool, also return every step's attention
+            `(B, L - 1, ...)`.
         alpha: length-penalty exponent of the returned scores.
         return_scores: bool, compute the scores (a log-softmax per step). Defaults to `True`.
         limits: optional int32 `(B,)`: row `b` ends (padding after) at position `limits[b]`,
@@ -106,9 +108,9 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_em
 
     def advance(index, tokens, finished, log_prob, count, state):
         logits, state, attention = step(column(tokens, index), index, state)
-        _check_end_token(logits, eos_id, never_emitted)
+        _check_end_token(logits, stop_token_ids, never_emitted)
         logits = ops.cast(logits, "float32")  # (B, V)
-        chosen = choose(_masked_logits(logits, never_emitted), index)  # (B,)
+        chosen = choose(_masked_logits(logits, never_emitted), tokens, index)  # (B,)
         forced = index + 1 < prompt_lengths  # (B,): still inside the prompt
         if limits is not None:  # past its limit a row is done
             finished = ops.logical_or(finished, ops.logical_and(
@@ -121,9 +123,9 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_em
                                                 ops.expand_dims(chosen, -1), axis=-1)[:, 0]
             log_prob = log_prob + ops.where(live, step_log_prob, 0.0)
             count = count + ops.cast(live, "int32")
-        if return_attention:
+        if return_attention_scores:
             attention = _zero_rows(ops.logical_not(live), ops.convert_to_tensor(attention))
-        finished = ops.logical_or(finished, ops.logical_and(live, _ends(token, eos_id)))
+        finished = ops.logical_or(finished, ops.logical_and(live, _ends(token, stop_token_ids)))
         return write(tokens, index + 1, token), finished, log_prob, count, state, attention
 
     finished = ops.zeros((batch,), "bool")
@@ -133,7 +135,7 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_em
     tokens, finished, log_prob, count, state, attention = advance(
         start, tokens, finished, log_prob, count, state)
     history = ops.zeros((0,), "float32")  # carried through the loop only when asked for
-    if return_attention:
+    if return_attention_scores:
         history = ops.zeros((batch, length - 1) + tuple(ops.shape(attention)[1:]),
                             attention.dtype)
         history = write(history, start, attention)
@@ -144,22 +146,23 @@ def token_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_em
     def body(index, tokens, finished, log_prob, count, state, history):
         tokens, finished, log_prob, count, state, attention = advance(
             index, tokens, finished, log_prob, count, state)
-        if return_attention:
+        if return_attention_scores:
             history = write(history, index, attention)
         return index + 1, tokens, finished, log_prob, count, state, history
 
     _, tokens, _, log_prob, count, _, history = ops.while_loop(
         cond, body, (start + 1, tokens, finished, log_prob, count, state, history))
     scores = log_prob / length_penalty(count, alpha) if return_scores else None
-    return tokens, scores, history if return_attention else None
+    return tokens, scores, history if return_attention_scores else None
 
 
-def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emitted,
-              beam_size: int, alpha, return_attention: bool = False):
+def beam_loop(step, state, tokens, prompt_lengths, stop_token_ids: tuple | None, never_emitted,
+              beam_size: int, alpha, return_attention_scores: bool = False, process=None,
+              pad_id: int = PAD_ID):
     """Beam search with GNMT length normalization over a `(B, L)` prompt buffer.
 
     Each sequence keeps `beam_size` hypotheses. A live hypothesis is expanded by every token; a
-    finished one (it emitted `eos_id`) stays as it is; inside a prompt the only candidate is the
+    finished one (it emitted a stop id) stays as it is; inside a prompt the only candidate is the
     prompt's token. The best `beam_size` candidates by `log P(Y) / ((5 + |Y|) / 6) ** alpha`
     survive, `|Y|` counting the chosen tokens and `<eos>`. The search stops when no live
     hypothesis can overtake the best finished one (log-probabilities only fall as a hypothesis
@@ -168,9 +171,14 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emi
     Args:
         step: the step function (module docstring), run on `B · beam_size` rows.
         state: the decoding state, batch `B` (repeated for the beams here).
-        tokens, prompt_lengths, eos_id, never_emitted, return_attention: as `token_loop`.
+        tokens, prompt_lengths, stop_token_ids, never_emitted, return_attention_scores: as
+            `token_loop`.
         beam_size: int, hypotheses per sequence.
         alpha: float or scalar tensor >= 0, the length-penalty exponent.
+        process: optional `(log_probs float32 (B · K, V), tokens int32 (B · K, L), index) ->
+            float32 (B · K, V)`, applied to each step's log-probabilities (a repetition
+            penalty, `Sampler.process_logits`). Defaults to `None`.
+        pad_id: int, the token that follows a hypothesis' end. Defaults to `PAD_ID` (0).
 
     Returns:
         `(tokens, scores, attention)` of the best hypothesis of each sequence, as `token_loop`.
@@ -186,11 +194,14 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emi
         """Expand every beam by one token and keep the best `beam_size` candidates."""
         flat_tokens = ops.reshape(ops.take(sequences, index, axis=2), (-1,))  # (B · K,)
         logits, state, attention = step(flat_tokens, index, state)
-        _check_end_token(logits, eos_id, never_emitted)
+        _check_end_token(logits, stop_token_ids, never_emitted)
         vocab = ops.shape(logits)[-1]
         # Log-probabilities under the model (every token), then the banned ones ruled out.
         step_log_probs = _masked_logits(ops.log_softmax(ops.cast(logits, "float32"), axis=-1),
                                         never_emitted)
+        if process is not None:
+            step_log_probs = process(step_log_probs, ops.reshape(
+                sequences, (batch * beam_size, length)), index)
         step_log_probs = ops.reshape(step_log_probs, (batch, beam_size, vocab))  # (B, K, V)
         ids = ops.arange(vocab, dtype="int32")
         forced = ops.reshape(index + 1 < prompt_lengths, (-1, 1, 1))  # (B, 1, 1)
@@ -198,7 +209,7 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emi
         step_log_probs = ops.where(forced, ops.where(ids == prompt_token, 0.0, NEG),
                                    step_log_probs)
         live = ops.expand_dims(log_probs, -1) + step_log_probs  # (B, K, V)
-        kept = ops.where(ids == PAD_ID, ops.expand_dims(log_probs, -1), NEG)  # finished beams
+        kept = ops.where(ids == pad_id, ops.expand_dims(log_probs, -1), NEG)  # finished beams
         candidates = ops.where(ops.expand_dims(finished, -1), kept, live)  # (B, K, V)
         grown = lengths + ops.where(forced[..., 0], 0, 1)  # (B, K)
         candidate_lengths = ops.where(finished, lengths, grown)  # (B, K)
@@ -210,10 +221,10 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emi
         lengths = ops.take_along_axis(candidate_lengths, parent, axis=1)
         parent_finished = ops.take_along_axis(finished, parent, axis=1)
         finished = ops.logical_or(parent_finished, ops.logical_and(
-            ops.logical_not(forced[..., 0]), _ends(token, eos_id)))
+            ops.logical_not(forced[..., 0]), _ends(token, stop_token_ids)))
         rows = ops.reshape(offsets + parent, (-1,))  # (B · K,)
         state = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), state)
-        if return_attention:
+        if return_attention_scores:
             attention = ops.take(ops.convert_to_tensor(attention), rows, axis=0)
             attention = _zero_rows(ops.reshape(ops.logical_or(parent_finished, forced[..., 0]),
                                                (-1,)), attention)
@@ -233,7 +244,7 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emi
     sequences, log_probs, lengths, finished, _, state, attention = advance(
         start, sequences, log_probs, lengths, finished, state)
     history = ops.zeros((0,), "float32")
-    if return_attention:
+    if return_attention_scores:
         shape = (batch, beam_size, length - 1) + tuple(ops.shape(attention)[1:])
         history = ops.zeros(shape, attention.dtype)
         history = _write_beams(history, start, attention)
@@ -251,7 +262,7 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emi
     def body(index, sequences, log_probs, lengths, finished, state, history):
         sequences, log_probs, lengths, finished, parent, state, attention = advance(
             index, sequences, log_probs, lengths, finished, state)
-        if return_attention:
+        if return_attention_scores:
             history = _write_beams(_gather_beams(history, parent), index, attention)
         return index + 1, sequences, log_probs, lengths, finished, state, history
 
@@ -260,7 +271,7 @@ def beam_loop(step, state, tokens, prompt_lengths, eos_id: int | None, never_emi
     _, sequences, log_probs, lengths, _, _, history = outputs
     # Candidates stay sorted by normalized score: beam 0 is the best.
     scores = log_probs[:, 0] / length_penalty(lengths[:, 0], alpha)
-    return sequences[:, 0], scores, history[:, 0] if return_attention else None
+    return sequences[:, 0], scores, history[:, 0] if return_attention_scores else None
 
 
 def _gather_beams(x, parent):
@@ -274,3 +285,32 @@ def _write_beams(history, index, attention):
     batch, beams = ops.shape(history)[0], ops.shape(history)[1]
     flat = ops.reshape(history, (batch * beams,) + tuple(ops.shape(history)[2:]))
     return ops.reshape(write(flat, index, attention), ops.shape(history))
+
+
+def search(step, state, tokens, prompt_lengths, sampler, ids: dict, alpha,
+           return_attention_scores: bool = False, return_scores: bool = True, limits=None):
+    """The loop `sampler` asks for: `beam_loop` for a `Beam` of more than one beam (its
+    wrapper's `process_logits` on the step log-probabilities), else `token_loop` with the
+    sampler's `get_next_token`.
+
+    Args:
+        step, state, tokens, prompt_lengths, alpha, return_attention_scores, return_scores,
+            limits: as `token_loop` (`limits` and `return_scores=False` one token at a time
+            only).
+        sampler: a `keras_attn.decoding.samplers.Sampler` whose numbers are tensors
+            (`Sampler.bind`).
+        ids: the special ids (`keras_attn.decoding.special_ids`): `stop_token_ids`,
+            `suppressed_ids` (never emitted), `fill_id` (after a row's end).
+
+    Returns:
+        `(tokens, scores, attention)` as `token_loop`.
+    """
+    stops, banned, fill = ids["stop_token_ids"], ids["suppressed_ids"], ids["fill_id"]
+    beam = sampler.beam()
+    if beam is not None and beam.num_beams > 1:
+        process = None if sampler is beam else sampler.process_logits
+        return beam_loop(step, state, tokens, prompt_lengths, stops, banned, beam.num_beams,
+                         alpha, return_attention_scores, process=process, pad_id=fill)
+    return token_loop(step, state, tokens, prompt_lengths, stops, banned,
+                      sampler.get_next_token, return_attention_scores, alpha, return_scores,
+                      limits, pad_id=fill)

@@ -15,16 +15,18 @@ Models", https://arxiv.org/abs/1904.09324, section 3:
 The model follows the contract of `keras_attn.models.nat_seq2seq`: layers `"encoder"`,
 `"decoder"` (called as `decoder(ids, encoder_outputs, encoder_padding_mask=...)` with a
 `mask_id` property) and `"length_predictor"` (called as `length_predictor(encoder_outputs,
-source_mask)`, with a `max_length` attribute). The `T` iterations are a `keras.ops.fori_loop`
-with static shapes, compiled once per model and settings (`keras_attn.decoding.compiled`).
+source_mask)`, with a `max_target_length` attribute). The `T` iterations are a
+`keras.ops.fori_loop` with static shapes, compiled once per model and settings
+(`keras_attn.decoding.compiled`).
 """
 
 from __future__ import annotations
 
 from keras import ops
 
-from keras_attn._checks import check_bool, check_int
+from keras_attn._checks import check_bool, check_int, warn_deprecated
 from keras_attn.decoding import checks, compiled
+from keras_attn.decoding.legacy import SUFFIX
 from keras_attn.tokens import EOS_ID, PAD_ID
 
 _KIND = ("a keras_attn.models.nat_seq2seq model with layers named 'encoder', 'decoder' and "
@@ -35,7 +37,7 @@ def _parts(model):
     encoder = compiled.contract_layer(model, "encoder", _KIND, methods=())
     decoder = compiled.contract_layer(model, "decoder", _KIND, methods=())
     length_predictor = compiled.contract_layer(model, "length_predictor", _KIND, methods=())
-    if not hasattr(decoder, "mask_id") or not hasattr(length_predictor, "max_length"):
+    if not hasattr(decoder, "mask_id") or not hasattr(length_predictor, "max_target_length"):
         raise ValueError(f"Argument `model` must be {_KIND}. Received: model={model!r}")
     return encoder, decoder, length_predictor
 
@@ -139,21 +141,26 @@ def check_mask_predict_args(model, iterations, length_beam, max_length) -> int:
     return int(max_length)
 
 
-def mask_predict(model, source_ids, iterations: int = 10, length_beam: int = 1,
-                 max_length: int | None = None, return_lengths: bool = False,
-                 jit_compile: bool = False):
+def mask_predict(model, source_ids, *args, max_length: int | None = None, iterations: int = 10,
+                 length_beam: int = 1, return_lengths: bool = False, jit_compile: bool = False):
     """Translate with Mask-Predict (see the module docstring) in one compiled program.
+
+    The options are keyword-only (`generate`'s rule). keras_attn 0.2's positional arguments
+    after `source_ids` (`iterations, length_beam, max_length, return_lengths, jit_compile`)
+    keep their meaning for one release, with a DeprecationWarning; the third positional
+    argument becomes `max_length`, as `generate`'s, in the next.
 
     Args:
         model: a `keras_attn.models.nat_seq2seq` model.
         source_ids: int `(B, S)` source ids, 0 = padding, each below the encoder's vocabulary
             size (others are refused, `keras_attn.decoding.checks`).
+        max_length: int, the output positions (`generate`'s meaning): the longest output, at
+            most the model's `max_target_length`. Defaults to `None` (the model's
+            `max_target_length`).
         iterations: int >= 1, decoder passes `T` (1 = a single parallel pass). Defaults
             to `10`.
         length_beam: int in `[1, max_length]`, candidate lengths decoded per source, the best
             mean log-probability wins. Defaults to `1`.
-        max_length: int, the longest output, at most the model's `max_target_length`.
-            Defaults to `None` (the model's `max_target_length`).
         return_lengths: bool, also return the chosen lengths. Defaults to `False`.
         jit_compile: bool, compile with XLA under TensorFlow. Defaults to `False`.
 
@@ -165,12 +172,29 @@ def mask_predict(model, source_ids, iterations: int = 10, length_beam: int = 1,
         int32 lengths `N` `(B,)`.
 
     Example:
-    >>> ids, scores = mask_predict(model, data.encode_source(["march 3rd, 2021"]), 4)
+    >>> ids, scores = mask_predict(model, data.encode_source(["march 3rd, 2021"]),
+    ...                            iterations=4)
     >>> data.decode(ids)  # ['2021-03-03']
 
     References:
         Ghazvininejad et al., 2019, "Mask-Predict", https://arxiv.org/abs/1904.09324
     """
+    if args:  # keras_attn 0.2's order
+        options = {"iterations": iterations, "length_beam": length_beam,
+                   "max_length": max_length, "return_lengths": return_lengths,
+                   "jit_compile": jit_compile}
+        if len(args) > len(options):
+            raise TypeError(f"mask_predict() takes at most {len(options) + 2} positional "
+                            f"arguments but {len(args) + 2} were given")
+        given = dict(zip(options, args))
+        defaults = mask_predict.__kwdefaults__
+        for name in given:
+            if options[name] is not defaults[name]:
+                raise TypeError(f"mask_predict() got multiple values for argument {name!r}")
+        warn_deprecated("mask_predict: arguments after `source_ids` are keyword-only "
+                        f"(received {', '.join(given)} by position)" + SUFFIX)
+        options.update(given)
+        iterations, length_beam, max_length, return_lengths, jit_compile = options.values()
     max_length = check_mask_predict_args(model, iterations, length_beam, max_length)
     check_bool("return_lengths", return_lengths)
     encoder, _, _ = _parts(model)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_attn._checks import renamed_argument
 from keras_attn.layers import legacy
 from keras_attn.layers.bahdanau import BahdanauCell, GRUFields
 from keras_attn.layers.base import check_positive_int
@@ -259,20 +260,25 @@ class BahdanauDecoder(_BahdanauStack):
         source_mask = ops.not_equal(source_ids, PAD_ID)  # (B, S)
         return {"cell_states": tuple(self.cell.initial_state(encoder_outputs, source_mask))}
 
-    def decode_step(self, token_ids, index, state, return_attention: bool = False):
+    def decode_step(self, token_ids, index, state, return_attention_scores: bool = False,
+                    **kwargs):
         """One step of greedy or beam search.
 
         Args:
             token_ids: int `(B,)`, the previous token.
             index: scalar int, its position in the target (unused: the GRU state knows it).
             state: dict from `init_decode_state` or the previous step.
-            return_attention: bool, also return this step's weights (for heatmaps).
-                Defaults to `False`.
+            return_attention_scores: bool, also return this step's weights (for heatmaps;
+                keras_attn 0.2's `return_attention` still works, deprecated). Defaults to
+                `False`.
 
         Returns:
             `(logits, state, weights)`: float32 logits `(B, vocabulary_size)`, the next state, and
             this step's attention weights `(B, S)` (None unless asked).
         """
+        return_attention = renamed_argument("BahdanauDecoder.decode_step", kwargs,
+                                            "return_attention", "return_attention_scores",
+                                            return_attention_scores, False)
         y_prev = self.embedding(token_ids)  # (B, embedding_dim)
         output, states, weights = self.cell.step(y_prev, list(state["cell_states"]))
         logits = ops.cast(self.output_dense(output), "float32")  # (B, vocabulary_size)

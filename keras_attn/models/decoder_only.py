@@ -8,7 +8,7 @@ import math
 import keras
 from keras import ops
 
-from keras_attn._checks import check_bool, check_int, check_one_of
+from keras_attn._checks import check_bool, check_int, check_one_of, renamed_argument
 from keras_attn.layers.config import AttentionConfig, BlockConfig  # noqa: F401 - examples
 from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
@@ -162,15 +162,16 @@ class TransformerDecoderOnly(_Stack):
         return {"cache": tuple(block.init_cache(batch_size, max_length)
                                for block in self.blocks)}
 
-    def decode_step(self, token_ids, index, state: dict, return_attention: bool = False,
-                    return_logits: bool = True):
+    def decode_step(self, token_ids, index, state: dict, return_attention_scores: bool = False,
+                    return_logits: bool = True, **kwargs):
         """Tokens at positions `index, index + 1, ...` through the stack and the caches.
 
         Args:
             token_ids: int `(B,)` (one token) or `(B, T)` (a prompt, at once).
             index: scalar int tensor (or int), the position of the first token.
             state: the dict of `init_decode_state` or of the previous call.
-            return_attention: bool, also return the last token's weights (for heatmaps).
+            return_attention_scores: bool, also return the last token's weights (for
+                heatmaps; keras_attn 0.2's `return_attention` still works, deprecated).
                 Defaults to `False`.
             return_logits: bool, compute the logits; `False` only fills the cache (a prompt)
                 and returns None in their place, skipping the vocabulary projection.
@@ -182,6 +183,9 @@ class TransformerDecoderOnly(_Stack):
             weights of the last token, float32 `(B, num_layers, num_heads, S)` (None unless
             asked).
         """
+        return_attention = renamed_argument("TransformerDecoderOnly.decode_step", kwargs,
+                                            "return_attention", "return_attention_scores",
+                                            return_attention_scores, False)
         single = len(token_ids.shape) == 1
         token_ids = ops.cast(token_ids, "int32")
         # A tensor, as the loops pass it: the attention then treats position 0 of the prompt

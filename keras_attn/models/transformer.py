@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_attn._checks import renamed_argument
 from keras_attn.layers.base import check_positive_int
 from keras_attn.layers.config import AttentionConfig, BlockConfig
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
@@ -230,11 +231,16 @@ class TransformerDecoder(_Stack):
             "encoder_padding_mask": padding_mask,
         }
 
-    def decode_step(self, token_ids, index, state: dict, return_attention: bool = False):
+    def decode_step(self, token_ids, index, state: dict, return_attention_scores: bool = False,
+                    **kwargs):
         """One target token `(B,)` at position `index` through the stack and the caches: float32
-        logits `(B, V)` for position `index + 1`, the state, and with `return_attention` the
-        cross-attention weights `(B, num_layers, num_heads, S)` (else None; defaults to
-        `False`: only callers that draw them ask)."""
+        logits `(B, V)` for position `index + 1`, the state, and with `return_attention_scores`
+        the cross-attention weights `(B, num_layers, num_heads, S)` (else None; defaults to
+        `False`: only callers that draw them ask; keras_attn 0.2's `return_attention` still
+        works, deprecated)."""
+        return_attention = renamed_argument("TransformerDecoder.decode_step", kwargs,
+                                            "return_attention", "return_attention_scores",
+                                            return_attention_scores, False)
         token_ids = ops.expand_dims(ops.cast(token_ids, "int32"), -1)  # (B, 1)
         x = self.embedding(token_ids, start_index=index)  # (B, 1, d)
         x, caches, weights = self._run_blocks(
@@ -279,7 +285,7 @@ def transformer_seq2seq(
     the target shifted right (`<bos>` first), and the logits predict the next token at every
     position. Token id 0 is padding on both sides. The model contains the layers `"encoder"`
     (`TransformerEncoder`) and `"decoder"` (`TransformerDecoder`), so
-    `keras_attn.decoding.greedy_search` / `beam_search` decode with its static cache.
+    `keras_attn.decoding.generate` decodes with its static cache.
 
     Args:
         source_vocabulary_size: int, number of source tokens.

@@ -1,0 +1,165 @@
+"""`generate`: one function decodes every keras_attn model that keeps the decoding contract,
+causal language models (prompts in, prompts and continuations out) and sequence-to-sequence
+models (source ids in, target ids out), with a sampler (`keras_attn.decoding.samplers`).
+
+keras_attn 0.2's functions (`greedy_search`, `beam_search`, `sample`) and spellings
+(`strategy=`, `eos_id=`, ...) keep working for one release, deprecated
+(`keras_attn.decoding.legacy`).
+"""
+
+from __future__ import annotations
+
+from keras_attn._checks import check_number
+from keras_attn.decoding import causal_lm, checks, compiled, legacy, samplers, seq2seq
+from keras_attn.decoding.special import special_ids
+from keras_attn.tokens import BOS_ID, EOS_ID
+
+
+def run(model, inputs, max_length, *, sampler, stop_token_ids=EOS_ID, max_new_tokens=None,
+        return_attention_scores=False, return_scores=False, jit_compile=False, pad_id=None,
+        bos_id=BOS_ID, suppressed_ids=None, prompt_lengths=None, alpha=None):
+    """`generate` with today's arguments only; `alpha` (optional) overrides the scores'
+    length-penalty exponent (keras_attn 0.2's spellings)."""
+    sampler = samplers.get(sampler)
+    beam = sampler.beam()
+    if alpha is None:
+        alpha = beam.length_penalty if beam is not None else 0.0
+    alpha = checks.as_tensor(alpha, integer=False)
+    ids = special_ids(model, stop_token_ids=stop_token_ids, pad_id=pad_id, bos_id=bos_id,
+                      suppressed_ids=suppressed_ids)
+    if compiled.has_layer(model, "encoder"):
+        for name, value in (("max_new_tokens", max_new_tokens),
+                            ("prompt_lengths", prompt_lengths)):
+            if value is not None:
+                raise ValueError(
+                    f"Argument `{name}` applies to causal language models; a "
+                    "sequence-to-sequence model's outputs are `max_length` tokens long. "
+                    f"Received: {name}={value!r}")
+        outputs = seq2seq.run(model, inputs, max_length, sampler, ids, alpha,
+                              return_attention_scores, return_scores, jit_compile)
+    else:
+        outputs = causal_lm.run(model, inputs, max_length, sampler, ids, alpha, max_new_tokens,
+                                prompt_lengths, return_attention_scores, return_scores,
+                                jit_compile)
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def generate(model, inputs, max_length: int, *args, sampler="greedy", stop_token_ids=EOS_ID,
+             max_new_tokens=None, return_attention_scores: bool = False,
+             return_scores: bool = False, jit_compile: bool = False, pad_id: int | None = None,
+             bos_id: int = BOS_ID, suppressed_ids=None, prompt_lengths=None, **kwargs):
+    """Decode a batch with a causal language model or a sequence-to-sequence model.
+
+    A causal language model (a layer `"decoder"`, e.g. `keras_attn.models.causal_lm`, a
+    checkpoint's `build_model`) continues each prompt; a sequence-to-sequence model (layers
+    `"encoder"` and `"decoder"`, `keras_attn.models.transformer_seq2seq`, ...) translates each
+    source. Both run as one compiled loop over the decoder's static cache, compiled once per
+    model and kind of sampler (its numbers are inputs of the program).
+
+    Args:
+        model: the model (its `"decoder"` keeps `keras_attn.decoding.contract.Decoder`).
+        inputs: integer `(B, P)` ids: prompts, right-padded with the padding id (each row
+            its tokens, at least one, e.g. `<bos>`, then only padding; `special_ids`), or
+            sources (0 = padding). Ids outside the vocabulary and prompts padded otherwise
+            are refused (a ValueError, or a failed call for a tensor whose value is known
+            only when the graph runs; `keras_attn.decoding.checks`).
+        max_length: int, the length of the returned sequences: a causal model's prompt and
+            continuation (at least `P + 1`), a sequence-to-sequence model's output positions
+            (`<bos>` excluded); at most `2**31 - 2`.
+        sampler: how each token is chosen: a name (`"greedy"`, `"beam"`, `"random"`,
+            `"top_k"`, `"top_p"`, `"min_p"`), a config or a sampler of
+            `keras_attn.decoding.samplers` (`Beam(4)`, `TopP(0.9, seed=7)`,
+            `RepetitionPenalty(1.3, "greedy")`, ...). Defaults to `"greedy"`.
+        stop_token_ids: the ids that end a row: an int, a tuple (a checkpoint's several end
+            ids) or None (every row runs to its limit); tokens the model can emit. Defaults to
+            keras_attn's `<eos>` (3).
+        max_new_tokens: optional positive int or scalar int tensor (causal models, one token
+            at a time), tokens added per row at most; any value from `max_length` up (e.g.
+            `2**31 - 1`) is the same as None. Defaults to `None` (up to `max_length`).
+        return_attention_scores: bool, also return every step's attention (cross-attention
+            for sequence-to-sequence models), zero after a row's end: `(B, max_length - 1,
+            num_layers, num_heads, max_length)` for a causal Transformer, `(B, max_length,
+            num_layers, num_heads, S)` for a sequence-to-sequence one. Defaults to `False`.
+        return_scores: bool, also return each row's score `(B,)`: the log-probability of its
+            chosen tokens under the model, divided by GNMT's `((5 + |Y|) / 6) ** alpha` with a
+            `Beam`'s `length_penalty` as `alpha` (the quantity it ranks by; 0, the plain
+            log-probability, for other samplers). Defaults to `False`.
+        jit_compile: bool, compile with XLA (TensorFlow). Defaults to `False`.
+        pad_id, bos_id, suppressed_ids: the special ids (`special_ids`): the prompts' padding,
+            the start token, the ids never generated. Default to the model's (`None`,
+            keras_attn's `<bos>` 2, `None`).
+        prompt_lengths: optional integer `(B,)` (causal models), each row's prompt length in
+            `[1, P]`: the ids after it are ignored, whatever they are. Defaults to `None` (the
+            tokens before the trailing padding).
+
+    Returns:
+        int32 `(B, max_length)`: a causal model's prompts, then their continuations up to a
+        stop id (included), then the padding id; a sequence-to-sequence model's outputs up to
+        a stop id, then padding. With `return_attention_scores` and `return_scores`, also the
+        attention and the scores, in this order.
+
+    Example:
+    >>> tokens = generate(lm, [[2, 17, 5, 0], [2, 9, 0, 0]], 32,
+    ...                   sampler=samplers.TopP(0.9, temperature=0.8, seed=7))
+    >>> outputs = generate(translator, source_ids, 20, sampler="beam")  # (B, 20)
+    """
+    options = {"sampler": sampler, "stop_token_ids": stop_token_ids,
+               "max_new_tokens": max_new_tokens,
+               "return_attention_scores": return_attention_scores,
+               "return_scores": return_scores, "jit_compile": jit_compile, "pad_id": pad_id,
+               "bos_id": bos_id, "suppressed_ids": suppressed_ids,
+               "prompt_lengths": prompt_lengths}
+    if args or kwargs:
+        defaults = {name: generate.__kwdefaults__[name] for name in options}
+        for name, value in legacy.generate_options("generate", args, kwargs).items():
+            if name in options and options[name] is not defaults[name]:
+                raise ValueError(
+                    f"Argument `{name}` was given twice, by keras_attn 0.2's spelling and by "
+                    f"today's: give `{name}` only. Received: {name}={options[name]!r}")
+            options[name] = value
+    return run(model, inputs, max_length, **options)
+
+
+def greedy_search(model, source_ids, max_length: int, bos_id: int = BOS_ID,
+                  eos_id: int | None = EOS_ID, return_attention: bool = False,
+                  jit_compile: bool = False, return_scores: bool = False,
+                  length_penalty: float = 0.6):
+    """Deprecated: `generate(model, source_ids, max_length, sampler="greedy",
+    stop_token_ids=eos_id, ...)` (the scores normalized by `length_penalty`, as before)."""
+    legacy.warn_function("greedy_search", "generate(..., sampler=\"greedy\")")
+    check_number("length_penalty", length_penalty, 0)
+    return _seq2seq(model, source_ids, max_length, samplers.Greedy(), bos_id, eos_id,
+                    return_attention, jit_compile, return_scores, length_penalty)
+
+
+def beam_search(model, source_ids, max_length: int, beam_size: int = 4,
+                length_penalty: float = 0.6, bos_id: int = BOS_ID,
+                eos_id: int | None = EOS_ID, return_attention: bool = False,
+                jit_compile: bool = False, return_scores: bool = False):
+    """Deprecated: `generate(model, source_ids, max_length,
+    sampler=Beam(beam_size, length_penalty), stop_token_ids=eos_id, ...)`."""
+    legacy.warn_function("beam_search", "generate(..., sampler=Beam(beam_size))")
+    return _seq2seq(model, source_ids, max_length, samplers.Beam(beam_size, length_penalty),
+                    bos_id, eos_id, return_attention, jit_compile, return_scores, None)
+
+
+def sample(model, source_ids, max_length: int, temperature=1.0, top_k=0, top_p=1.0, seed=0,
+           bos_id: int = BOS_ID, eos_id: int | None = EOS_ID, return_attention: bool = False,
+           jit_compile: bool = False, return_scores: bool = False,
+           length_penalty: float = 0.6):
+    """Deprecated: `generate(model, source_ids, max_length, sampler=TopP(p=top_p, k=top_k,
+    temperature=temperature, seed=seed), stop_token_ids=eos_id, ...)` (the same draws)."""
+    legacy.warn_function("sample", "generate(..., sampler=TopP(top_p, top_k, temperature, "
+                                   "seed))")
+    check_number("length_penalty", length_penalty, 0)
+    sampler = samplers.TopP(p=top_p, k=top_k, temperature=temperature, seed=seed)
+    return _seq2seq(model, source_ids, max_length, sampler, bos_id, eos_id, return_attention,
+                    jit_compile, return_scores, length_penalty)
+
+
+def _seq2seq(model, source_ids, max_length, sampler, bos_id, eos_id, return_attention,
+             jit_compile, return_scores, alpha):
+    seq2seq.decoder_parts(model)  # a sequence-to-sequence model, or a ValueError saying so
+    return run(model, source_ids, max_length, sampler=sampler, stop_token_ids=eos_id,
+               return_attention_scores=return_attention, return_scores=return_scores,
+               jit_compile=jit_compile, bos_id=bos_id, alpha=alpha)
