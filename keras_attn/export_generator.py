@@ -36,59 +36,41 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from keras_attn import decoding
-from keras_attn._checks import check_int, check_new_directory, check_one_of
+from keras_attn._checks import check_int, check_new_directory
 from keras_attn.decoding import checks, samplers
-from keras_attn.tokens import BOS_ID, FIRST_WORD_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
+from keras_attn.preprocessing import (
+    CausalLMPreprocessor,
+    CharacterTokenizer,
+    PretrainedTokenizer,
+)
 
-SPLITS = ("chars", "whitespace")
 
-
-def make_generate_fn(model, vocabulary: list[str], max_length: int, split: str = "chars",
-                     lowercase: bool = False,
-                     standardize: Callable[[tf.Tensor], tf.Tensor] | None = None):
-    """The graph function of the `generate` signature (arguments of `export_generator`)."""
-    table = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(tf.constant(list(vocabulary)),
-                                            tf.range(len(vocabulary), dtype=tf.int32)),
-        default_value=UNK_ID)
-    words = tf.constant(list(vocabulary))
-    joiner = "" if split == "chars" else " "
+def make_generate_fn(model, preprocessor, max_length: int):
+    """The graph function of the `generate` signature (module docstring) of `model` read
+    through `preprocessor` (a `keras_attn.preprocessing.CausalLMPreprocessor`: its tokenizer,
+    template and special ids, the same layout `keras_attn.tasks.CausalLM.generate` uses)."""
+    ids = preprocessor.generation_ids()
 
     def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed):
         settings, sampler = _request(max_length, max_new_tokens, temperature, top_k, top_p,
                                      seed)
-        text = tf.strings.lower(prompt, encoding="utf-8") if lowercase else prompt
-        text = standardize(text) if standardize is not None else text
-        pieces = (tf.strings.unicode_split(text, "UTF-8") if split == "chars"
-                  else tf.strings.split(text))  # ragged (B, None) strings
-        ids = table.lookup(pieces)  # ragged int32
-        # Room for the new tokens, at most half the positions; the rest holds <bos> and the
-        # most recent prompt tokens.
-        room = tf.minimum(settings["max_new_tokens"], (max_length - 1) // 2)
-        kept = max_length - 1 - room  # >= 1
-        truncated = ids.row_lengths() > tf.cast(kept, tf.int64)
-        ids = ids[:, -kept:]  # the end of a long prompt
-        context = tf.strings.reduce_join(tf.gather(words, ids), axis=-1, separator=joiner)
-        bos = tf.fill([tf.shape(prompt)[0], 1], tf.constant(BOS_ID, tf.int32))
-        prompt_ids = tf.concat([bos, ids.to_tensor(default_value=PAD_ID)], axis=1)  # (B, P)
-        lengths = tf.reduce_sum(tf.cast(prompt_ids != PAD_ID, tf.int32), axis=1)  # (B,)
-        tokens = decoding.generate(model, prompt_ids, max_length, sampler=sampler,
-                                   max_new_tokens=settings["max_new_tokens"])  # (B, L)
-        positions = tf.range(max_length)[None, :]
-        new = tf.logical_and(positions >= lengths[:, None], tokens >= FIRST_WORD_ID)
-        new = tf.logical_or(new, tf.logical_and(positions >= lengths[:, None],
-                                                tokens == UNK_ID))
-        pieces = tf.ragged.boolean_mask(tf.gather(words, tokens), new)
-        return {"text": tf.strings.reduce_join(pieces, axis=-1, separator=joiner),
-                "truncated": truncated, "context": context}
+        prompts = preprocessor.generate_preprocess(prompt, max_length,
+                                                   settings["max_new_tokens"])
+        lengths = prompts["lengths"]  # (B,)
+        tokens = decoding.generate(
+            model, prompts["token_ids"], max_length, sampler=sampler,
+            max_new_tokens=settings["max_new_tokens"], prompt_lengths=lengths,
+            stop_token_ids=ids["stop_token_ids"] or None, pad_id=ids["pad_id"],
+            suppressed_ids=ids["suppressed_ids"])  # (B, L)
+        limits = lengths + tf.minimum(settings["max_new_tokens"], max_length - lengths)
+        text = preprocessor.generate_postprocess(tokens, lengths, limits)
+        return {"text": text, "truncated": prompts["truncated"],
+                "context": prompts["context"]}
 
-    generate = answer_empty_batches(generate)
-    generate.table = table  # a resource the SavedModel must track
-    return generate
+    return answer_empty_batches(generate)
 
 
 # The prompt run in place of an empty batch: it encodes to at least one token with every
@@ -141,16 +123,32 @@ def export_generator(model, vocabulary: list[str], path: str, max_length: int,
     ...                      tf.strings.lower(s), "[^a-z]+", " "))
     """
     path = check_new_directory("path", path)
+    check_int("max_length", max_length, 4)
+    tokenizer = CharacterTokenizer(list(vocabulary), split, lowercase,
+                                   standardize=standardize)
+    return export_causal_lm(model, CausalLMPreprocessor(tokenizer), path, max_length)
+
+
+def export_causal_lm(model, preprocessor, path: str, max_length: int) -> str:
+    """Write the SavedModel of a causal LM read through `preprocessor` (a
+    `keras_attn.preprocessing.CausalLMPreprocessor`): the `generate` signature of the module
+    docstring. `keras_attn.tasks.CausalLM.export`, `export_generator` and
+    `export_checkpoint_generator` all write it.
+
+    Args:
+        model: a keras_attn causal LM (a layer `"decoder"`; TensorFlow backend).
+        preprocessor: its `CausalLMPreprocessor`.
+        path: str, the SavedModel directory to write: a new or empty directory.
+        max_length: int, positions of the cache: the prompt (with the template) and the
+            generated tokens.
+
+    Returns:
+        `path`.
+    """
+    path = check_new_directory("path", path)
     check_int("max_length", max_length, 3)
-    check_one_of("split", split, SPLITS)
-    vocabulary = list(vocabulary)
-    if tuple(vocabulary[:len(RESERVED_TOKENS)]) != RESERVED_TOKENS:
-        raise ValueError(
-            f"Argument `vocabulary` must start with the reserved tokens {RESERVED_TOKENS}. "
-            f"Received: vocabulary[:4]={vocabulary[:4]}"
-        )
-    generate = make_generate_fn(model, vocabulary, max_length, split, lowercase, standardize)
-    return _write(model, generate, generate.table, path)
+    generate = make_generate_fn(model, preprocessor, max_length)
+    return _write(model, generate, preprocessor.tokenizer.resources(), path)
 
 
 def _request(max_length: int, max_new_tokens, temperature, top_k, top_p, seed):
@@ -164,12 +162,13 @@ def _request(max_length: int, max_new_tokens, temperature, top_k, top_p, seed):
     return settings, sampler
 
 
-def _write(model, generate, resource, path: str) -> str:
-    """The SavedModel at `path`: `model`, the tokenizer's `resource`, and the `generate`
-    signature (module docstring) of the graph function `generate`."""
+def _write(model, generate, resources, path: str) -> str:
+    """The SavedModel at `path`: `model`, the tokenizer's `resources` (tables, modules), and
+    the `generate` signature (module docstring) of the graph function `generate`."""
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.track(resource)
+    for resource in resources:
+        archive.track(resource)
     archive.add_endpoint(
         name="generate",
         fn=generate,
@@ -184,62 +183,6 @@ def _write(model, generate, resource, path: str) -> str:
     )
     archive.write_out(path, verbose=False)
     return path
-
-
-def make_checkpoint_generate_fn(model, tokenizer, spec, max_length: int):
-    """The graph function of `export_checkpoint_generator`'s `generate` signature."""
-    from keras_attn.checkpoints import generation_ids
-
-    ids = generation_ids(spec)
-    prefix, suffix = tokenizer.prefix_ids, tokenizer.suffix_ids
-    template = len(prefix) + len(suffix)
-    if max_length < template + 3:
-        raise ValueError(
-            f"Argument `max_length` must leave room for the template's {template} ids, a "
-            f"prompt token and a new one. Received: max_length={max_length}")
-    prefix_ids = tf.constant(prefix, tf.int32, shape=[len(prefix)])
-    suffix_ids = tf.constant(suffix, tf.int32, shape=[len(suffix)])
-    end_ids = tf.constant(np.atleast_1d(ids["stop_token_ids"] or ()), tf.int32)
-    bos = spec.bos_token_id
-
-    def template_rows(values, batch):
-        rows = tf.tile(values[None], tf.stack([batch, 1]))  # (B, n)
-        return tf.RaggedTensor.from_tensor(rows)
-
-    def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed):
-        settings, sampler = _request(max_length, max_new_tokens, temperature, top_k, top_p,
-                                     seed)
-        batch = tf.shape(prompt)[0]
-        body = tokenizer.encode(prompt, add_special_tokens=False, truncate=False,
-                                pad=False)  # ragged (B, None): as transformers generates
-        # Room for the new tokens, at most half the positions; the rest holds the template
-        # and the most recent prompt tokens.
-        room = tf.minimum(settings["max_new_tokens"], (max_length - 1) // 2)
-        kept = max_length - room - template  # >= 1
-        truncated = body.row_lengths() > tf.cast(kept, tf.int64)
-        body = body[:, -kept:]
-        prompt_ids = tf.concat([template_rows(prefix_ids, batch), body,
-                                template_rows(suffix_ids, batch)], axis=1)
-        if not template and bos is not None:  # an empty prompt starts from <bos>
-            empty = tf.cast(prompt_ids.row_lengths() == 0, tf.int64)
-            bos_rows = tf.RaggedTensor.from_row_lengths(
-                tf.fill([tf.reduce_sum(empty)], tf.constant(bos, tf.int32)), empty)
-            prompt_ids = tf.concat([bos_rows, prompt_ids], axis=1)
-        lengths = tf.cast(prompt_ids.row_lengths(), tf.int32)  # (B,)
-        context = tokenizer.decode(prompt_ids)
-        tokens = decoding.generate(
-            model, prompt_ids.to_tensor(default_value=ids["pad_id"]), max_length,
-            sampler=sampler, max_new_tokens=settings["max_new_tokens"], prompt_lengths=lengths,
-            **ids)  # (B, L)
-        positions = tf.range(max_length)[None, :]  # (1, L)
-        limits = lengths + tf.minimum(settings["max_new_tokens"], max_length - lengths)
-        new = (positions >= lengths[:, None]) & (positions < limits[:, None])  # (B, L)
-        ends = tf.reduce_any(tokens[:, :, None] == end_ids[None, None, :], axis=-1)
-        ended = tf.cumsum(tf.cast(ends & new, tf.int32), axis=1) > 0  # the end and after
-        text = tokenizer.decode(tf.ragged.boolean_mask(tokens, new & ~ended))
-        return {"text": text, "truncated": truncated, "context": context}
-
-    return answer_empty_batches(generate)
 
 
 def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: int) -> str:
@@ -272,6 +215,7 @@ def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: i
     >>> model, tokenizer, spec = from_pretrained("path/to/Llama-3.2-1B", dtype="float32")
     >>> export_checkpoint_generator(model, tokenizer, spec, "runs/llama/saved_model", 256)
     """
+    from keras_attn.checkpoints import generation_ids
     from keras_attn.checkpoints.canonical import check_spec
 
     path = check_new_directory("path", path)
@@ -280,5 +224,8 @@ def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: i
     if spec.task != "causal_lm":
         raise ValueError(f"Argument `spec` must describe a causal language model. Received: "
                          f"spec.task={spec.task!r}")
-    generate = make_checkpoint_generate_fn(model, tokenizer, spec, max_length)
-    return _write(model, generate, tokenizer, path)
+    ids = generation_ids(spec)
+    wrapped = PretrainedTokenizer.from_tokenizer(
+        tokenizer, start_token_id=spec.bos_token_id, end_token_ids=ids["stop_token_ids"],
+        pad_token_id=ids["pad_id"])
+    return export_causal_lm(model, CausalLMPreprocessor(wrapped), path, max_length)

@@ -96,12 +96,12 @@ def test_lora_trains_the_low_rank_weights_only(char_lm):
 
 def test_preprocessor_layout(char_lm):
     preprocessor = char_lm.preprocessor
-    x, y, weights = preprocessor(["abc"])
+    x, y, weights = preprocessor(["the"])
     ids = x["token_ids"].numpy()[0]
     vocabulary = preprocessor.tokenizer.vocabulary
-    expected = [2] + [vocabulary.index(c) for c in "abc"] + [3]  # <bos> a b c <eos>
+    expected = [2] + [vocabulary.index(c) for c in "the"] + [3]  # <bos> t h e <eos>
     assert list(ids[:4]) == expected[:4] and list(y.numpy()[0][:4]) == expected[1:]
-    assert list(x["padding_mask"].numpy()[0][:5]) == [True] * 4 + [False]
+    assert list(x["padding_mask"].numpy()[0][:6]) == [True] * 5 + [False]  # <eos> an input too
     assert list(weights.numpy()[0][:5]) == [1, 1, 1, 1, 0]
 
 

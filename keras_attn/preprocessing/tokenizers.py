@@ -111,6 +111,11 @@ class Tokenizer(keras.layers.Layer):
     def __call__(self, texts, add_special_tokens: bool = True):
         return self.tokenize(texts, add_special_tokens)
 
+    def resources(self) -> list:
+        """The TensorFlow objects (lookup tables, modules) the tokenizer computes with: what a
+        SavedModel holding it must track."""
+        return []
+
     def compute_output_spec(self, *args, **kwargs):  # pragma: no cover - eager only
         raise NotImplementedError("Tokenizers run eagerly or inside tf.function.")
 
@@ -164,6 +169,9 @@ class CharacterTokenizer(Tokenizer):
         lowercase: bool, lowercase the text first. Defaults to `False`.
         replace: optional regular expression (RE2): every match becomes one space, after
             lowercasing (e.g. `"[^a-z]+"`). Defaults to `None`.
+        standardize: optional function of a `(B,)` string tensor written with `tf.strings`
+            ops, run after `lowercase` and `replace` (a registered Keras-serializable function
+            saves with the layer; any other is for exports only). Defaults to `None`.
 
     Example:
     >>> tokenizer = CharacterTokenizer(list(keras_attn.tokens.RESERVED_TOKENS) + list("abc "))
@@ -174,7 +182,7 @@ class CharacterTokenizer(Tokenizer):
     prefix_ids = (BOS_ID,)
 
     def __init__(self, vocabulary, split: str = "chars", lowercase: bool = False,
-                 replace: str | None = None, **kwargs):
+                 replace: str | None = None, standardize=None, **kwargs):
         super().__init__(**kwargs)
         vocabulary = list(vocabulary) if isinstance(vocabulary, (list, tuple)) else vocabulary
         if not isinstance(vocabulary, list) or not all(isinstance(t, str) for t in vocabulary):
@@ -191,8 +199,13 @@ class CharacterTokenizer(Tokenizer):
         if replace is not None and not isinstance(replace, str):
             raise ValueError("Received an invalid value for argument `replace`, expected None "
                              f"or a regular expression. Received: replace={replace!r}")
+        if isinstance(standardize, (str, dict)):
+            standardize = keras.saving.deserialize_keras_object(standardize)
+        if standardize is not None and not callable(standardize):
+            raise ValueError("Received an invalid value for argument `standardize`, expected "
+                             f"None or a function. Received: standardize={standardize!r}")
         self.vocabulary, self.split = vocabulary, split
-        self.lowercase, self.replace = lowercase, replace
+        self.lowercase, self.replace, self.standardize_fn = lowercase, replace, standardize
         self._table = None
 
     vocabulary_size = property(lambda self: len(self.vocabulary))
@@ -224,7 +237,12 @@ class CharacterTokenizer(Tokenizer):
             texts = tf.strings.lower(texts, encoding="utf-8")
         if self.replace is not None:
             texts = tf.strings.regex_replace(texts, self.replace, " ")
+        if self.standardize_fn is not None:
+            texts = self.standardize_fn(texts)
         return texts
+
+    def resources(self) -> list:
+        return [self._lookup()]
 
     def _tokenize(self, texts):
         import tensorflow as tf
@@ -245,7 +263,9 @@ class CharacterTokenizer(Tokenizer):
     def get_config(self):
         config = super().get_config()
         config.update({"vocabulary": list(self.vocabulary), "split": self.split,
-                       "lowercase": self.lowercase, "replace": self.replace})
+                       "lowercase": self.lowercase, "replace": self.replace,
+                       "standardize": None if self.standardize_fn is None else
+                       keras.saving.serialize_keras_object(self.standardize_fn)})
         return config
 
 
@@ -291,7 +311,12 @@ class PretrainedTokenizer(Tokenizer):
             if os.path.isfile(path):
                 with open(path, "rb") as file:
                     self._files[name] = file.read()
-        self._tokenizer = load_tokenizer(str(dir_path))
+        self._use(load_tokenizer(str(dir_path)))
+
+    def _use(self, tokenizer) -> None:
+        """Compute with `tokenizer` (a `CheckpointTokenizer`) and take its special ids where
+        none were given."""
+        self._tokenizer = tokenizer
         size = self._tokenizer.vocab_size
         own = self._tokenizer
         given = self._given
@@ -308,7 +333,23 @@ class PretrainedTokenizer(Tokenizer):
         self.prefix_ids = tuple(own.prefix_ids)
         self.suffix_ids = tuple(own.suffix_ids)
 
+    @classmethod
+    def from_tokenizer(cls, tokenizer, start_token_id=None, end_token_ids=None,
+                       pad_token_id=None) -> PretrainedTokenizer:
+        """A layer around a loaded `CheckpointTokenizer` (`keras_attn.checkpoints.
+        load_tokenizer`) without its files: for exports, not for `.keras` files."""
+        layer = cls(start_token_id=start_token_id, end_token_ids=end_token_ids,
+                    pad_token_id=pad_token_id)
+        layer._use(tokenizer)
+        return layer
+
+    def resources(self) -> list:
+        return [self.tokenizer]
+
     def save_assets(self, dir_path):
+        if not self._files:
+            raise ValueError("This PretrainedTokenizer was made from a loaded tokenizer "
+                             "without its files (`from_tokenizer`): give `directory` to save it.")
         for name, content in self._files.items():
             with open(os.path.join(dir_path, name), "wb") as file:
                 file.write(content)

@@ -222,6 +222,31 @@ class CausalLM(Task):
             stop_token_ids=ids["stop_token_ids"] or None, pad_id=ids["pad_id"],
             suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths)
 
+    def export(self, path: str, max_length: int | None = None) -> str:
+        """Write a SavedModel whose `generate` signature takes prompt strings (with its
+        settings `max_new_tokens`, `temperature`, `top_k`, `top_p`, `seed`) and returns the
+        generated `text`, `truncated` and `context`: the tokenizer, the decoding loop and the
+        detokenization in the graph, served by TensorFlow (+ tensorflow-text's ops for a
+        checkpoint's tokenizer) alone (`keras_attn.export_generator.export_causal_lm`). A LoRA
+        model exports its merged kernels' values. TensorFlow backend only.
+
+        Args:
+            path: str, a new or empty directory.
+            max_length: int, the cache's positions: prompt (with the template) and generated
+                tokens. Defaults to the preprocessor's `sequence_length`.
+        """
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError("CausalLM.export writes a TensorFlow SavedModel: run it with "
+                             "KERAS_BACKEND=tensorflow (save a .keras file on "
+                             f"{keras.backend.backend()} and load it there).")
+        if self.preprocessor is None:
+            raise ValueError("CausalLM.export takes strings: the model needs a preprocessor.")
+        from keras_attn.export_generator import export_causal_lm
+
+        if max_length is None:
+            max_length = self.preprocessor.sequence_length
+        return export_causal_lm(self, self.preprocessor, path, max_length)
+
     def get_config(self):
         config = super().get_config()
         config["sampler"] = _samplers().serialize(self.sampler)

@@ -333,7 +333,7 @@ class TextClassifier(Task):
 
         archive = keras.export.ExportArchive()
         archive.track(self)
-        for resource in _resources(self.preprocessor.tokenizer):
+        for resource in self.preprocessor.tokenizer.resources():
             archive.track(resource)
         archive.add_endpoint(name="classify", fn=classify, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
@@ -345,15 +345,6 @@ class TextClassifier(Task):
         config.update({"num_classes": self.num_classes, "activation": self.activation,
                        "dropout": self.dropout})
         return config
-
-
-def _resources(tokenizer) -> list:
-    """The TensorFlow objects (tables, modules) a tokenizer computes with, for a SavedModel."""
-    import tensorflow as tf
-
-    found = [value for value in vars(tokenizer).values() if isinstance(
-        value, (tf.Module, tf.lookup.StaticHashTable))]
-    return found
 
 
 def _is_tf_tensor(x) -> bool:
