@@ -70,12 +70,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rank", type=_count, default=8, help="LoRA's rank")
     parser.add_argument("--alpha", type=positive, default=None,
                         help="LoRA's scale is alpha / rank (default: rank, a scale of 1)")
-    parser.add_argument("--targets", nargs="+", default=["query", "value"],
-                        help="the projections LoRA adapts (keras-hub's default)")
-    parser.add_argument("--epochs", type=_count, default=2)
+    parser.add_argument("--targets", nargs="+", default=None,
+                        help="the projections LoRA adapts (default: keras-hub's query and value "
+                             "for your checkpoint; every attention and FFN projection for the "
+                             "built one, whose random weights have everything to learn)")
+    parser.add_argument("--epochs", type=_count, default=3)
     parser.add_argument("--batch-size", type=_count, default=8)
     parser.add_argument("--learning-rate", type=positive, default=None,
-                        help="AdamW's (default: 2e-3 for the built checkpoint, 2e-4 for yours)")
+                        help="AdamW's (default: 1e-2 for the built checkpoint, 2e-4 for yours)")
     parser.add_argument("--sequence-length", type=_count, default=128,
                         help="ids per training row")
     parser.add_argument("--passage-chars", type=_count, default=600,
@@ -159,7 +161,10 @@ def main(argv=None) -> dict:
             overwrite=args.overwrite)
     lm = CausalLM.from_pretrained(checkpoint, dtype=args.dtype,
                                   sequence_length=args.sequence_length)
-    learning_rate = args.learning_rate or (2e-3 if args.checkpoint is None else 2e-4)
+    learning_rate = args.learning_rate or (1e-2 if args.checkpoint is None else 2e-4)
+    if args.targets is None:
+        args.targets = (["query", "value"] if args.checkpoint is not None else
+                        ["query", "key", "value", "output", "hidden", "gate"])
     lm.compile(optimizer=keras.optimizers.AdamW(learning_rate, weight_decay=0.0))
     before = {"perplexity": perplexity(lm, validation, args.batch_size),
               "samples": lm.generate(args.prompt, max_length=args.max_length)}
