@@ -72,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="LoRA's scale is alpha / rank (default: rank, a scale of 1)")
     parser.add_argument("--targets", nargs="+", default=None,
                         help="the projections LoRA adapts (default: keras-hub's query and value "
-                             "for your checkpoint; every attention and FFN projection for the "
+                             "for your checkpoint; query, key, value and the FFN's hidden and gate for the "
                              "built one, whose random weights have everything to learn)")
     parser.add_argument("--epochs", type=_count, default=3)
     parser.add_argument("--batch-size", type=_count, default=8)
@@ -164,7 +164,7 @@ def main(argv=None) -> dict:
     learning_rate = args.learning_rate or (1e-2 if args.checkpoint is None else 2e-4)
     if args.targets is None:
         args.targets = (["query", "value"] if args.checkpoint is not None else
-                        ["query", "key", "value", "output", "hidden", "gate"])
+                        ["query", "key", "value", "hidden", "gate"])
     lm.compile(optimizer=keras.optimizers.AdamW(learning_rate, weight_decay=0.0))
     before = {"perplexity": perplexity(lm, validation, args.batch_size),
               "samples": lm.generate(args.prompt, max_length=args.max_length)}
