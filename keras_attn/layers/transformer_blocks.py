@@ -149,9 +149,13 @@ class TransformerDecoderBlock(_TransformerBlock):
         Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
     """
 
-    def __init__(self, attention=None, intermediate_dim: int | None = None, *args,
+    def __init__(self, attention=None, intermediate_dim: int | None = None,
+                 dropout: float = 0.0, normalize_first: bool | None = None, activation="relu",
+                 layer_norm_epsilon: float = 1e-5, norm: str = "layer", use_bias: bool = True,
+                 kernel_initializer="glorot_uniform", seed: int | None = None,
                  causal: bool = True, **kwargs):
-        super().__init__(attention, intermediate_dim, *args, **kwargs)
+        super().__init__(attention, intermediate_dim, dropout, normalize_first, activation,
+                         layer_norm_epsilon, norm, use_bias, kernel_initializer, seed, **kwargs)
         check_bool("causal", causal)
         self.causal = causal
 

@@ -168,8 +168,9 @@ class TransformerDecoder(_Stack):
 
     block_class = TransformerDecoderBlock
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, vocabulary_size: int | None = None, num_layers: int | None = None,
+                 hidden_dim: int | None = None, block: BlockConfig | None = None, **kwargs):
+        super().__init__(vocabulary_size, num_layers, hidden_dim, block, **kwargs)
         self._assemble()
 
     def build(self, inputs_shape, encoder_outputs_shape=None, *args):
