@@ -15,8 +15,9 @@ Models", https://arxiv.org/abs/1904.09324, section 3:
 The model follows the contract of `keras_attn.models.nat_seq2seq`: layers `"encoder"`,
 `"decoder"` (called as `decoder(ids, encoder_outputs, encoder_padding_mask=...)` with a
 `mask_id` property) and `"length_predictor"` (called as `length_predictor(encoder_outputs,
-source_mask)`, with a `max_length` attribute). The `T` iterations are a `keras.ops.fori_loop`
-with static shapes, compiled once per model and settings (`keras_attn.decoding.compiled`).
+source_mask)`, with a `max_target_length` attribute). The `T` iterations are a
+`keras.ops.fori_loop` with static shapes, compiled once per model and settings
+(`keras_attn.decoding.compiled`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _parts(model):
     encoder = compiled.contract_layer(model, "encoder", _KIND, methods=())
     decoder = compiled.contract_layer(model, "decoder", _KIND, methods=())
     length_predictor = compiled.contract_layer(model, "length_predictor", _KIND, methods=())
-    if not hasattr(decoder, "mask_id") or not hasattr(length_predictor, "max_length"):
+    if not hasattr(decoder, "mask_id") or not hasattr(length_predictor, "max_target_length"):
         raise ValueError(f"Argument `model` must be {_KIND}. Received: model={model!r}")
     return encoder, decoder, length_predictor
 

@@ -78,7 +78,8 @@ def split_use_bias(use_bias):
     head now has a bias when the FFN has (`"head"` alone is not expressed)."""
     if isinstance(use_bias, bool):
         return use_bias, use_bias
-    names = (use_bias,) if isinstance(use_bias, str) else tuple(use_bias)
+    names = (use_bias,) if isinstance(use_bias, str) else (
+        tuple(use_bias) if isinstance(use_bias, (list, tuple, set, frozenset)) else (use_bias,))
     projections = tuple(name for name in names if name in PROJECTIONS)
     unknown = [name for name in names if name not in PROJECTIONS + ("ffn", "head")]
     if unknown:
@@ -121,6 +122,8 @@ def take(kwargs: dict, owner: str, warn: bool = True,
             attention[name] = kwargs.pop(name)
             if not fields_ok:
                 used.append(f"`{name}` is a field of `attention`")
+    if kwargs.get("attention_window", 0) is None:  # saved as "no window": nothing to say
+        kwargs.pop("attention_window")
     if "attention_window" in kwargs:
         attention["sliding_window"] = _window(kwargs.pop("attention_window"),
                                               attention.get("sliding_window"), warn)
