@@ -123,7 +123,7 @@ def greedy_search(
         `return_scores=True` also float32 scores `(B,)`.
 
     Example:
-    >>> model = keras_attn.models.transformer_seq2seq(20, 20, num_layers=1, embed_dim=16)
+    >>> model = keras_attn.models.transformer_seq2seq(20, 20, num_layers=1, hidden_dim=16)
     >>> tokens = greedy_search(model, [[5, 6, 7, 0]], max_length=10)  # (1, 10)
     """
     check_number("length_penalty", length_penalty, 0)
