@@ -98,7 +98,7 @@ def test_sampling_is_reproducible_by_seed_and_respects_max_new_tokens(model):
 def test_cached_steps_equal_the_full_pass_with_groups(position_encoding):
     model = ka.models.causal_lm(30, num_layers=2, hidden_dim=32, num_heads=4, intermediate_dim=64,
                                 num_key_value_heads=2, position_encoding=position_encoding,
-                                max_length=12)
+                                max_sequence_length=12)
     ids = np.random.default_rng(0).integers(1, 30, (2, 9)).astype("int32")
     full = to_np(model(ids))
     decoder = model.get_layer("decoder")

@@ -1,6 +1,7 @@
 """The argument names of keras_attn 0.1 and 0.2 for blocks, stacks and builders, translated
 to today's: a call that uses them still works for one release, with a DeprecationWarning, and a
-`.keras` file saved with them loads without one.
+`.keras` file saved with them loads without one. An earlier name given beside today's is a
+ValueError (`said`: the caller's parameters given).
 
 | earlier | now |
 |---|---|
@@ -11,6 +12,7 @@ to today's: a call that uses them still works for one release, with a Deprecatio
 | `epsilon` (of a block or stack) | `layer_norm_epsilon` |
 | `tie_embeddings` | `tie_word_embeddings` |
 | `max_length` (a stack's position table) | `max_sequence_length` |
+| `position_encoding="sinusoidal"` or `"learned"` (the decoder-only stack's embedding) | `position_embedding` |
 | `num_heads`, `num_key_value_heads`, `head_dim`, `position_encoding`, `implementation`, `chunk_size`, `sliding_window` of a block or stack | fields of its `attention` (`AttentionConfig`) |
 | `attention_window=d` | `sliding_window=d + 1` |
 | a block's `use_bias` naming attention projections and `"ffn"` | `attention.use_bias` (the projections) and `use_bias` (the FFN) |
