@@ -65,8 +65,8 @@ def build(policy: str, args):
     try:
         keras.utils.set_random_seed(0)
         model = transformer_seq2seq(args.vocab, args.vocab, num_layers=args.layers,
-                                    embed_dim=args.dim, num_heads=args.heads,
-                                    ffn_dim=args.ffn, dropout=args.dropout)
+                                    hidden_dim=args.dim, num_heads=args.heads,
+                                    intermediate_dim=args.ffn, dropout=args.dropout)
         model.compile(optimizer=keras.optimizers.Adam(1e-4),
                       loss=masked_sparse_categorical_crossentropy, jit_compile=args.xla)
     finally:

@@ -79,7 +79,8 @@ def main() -> None:
     keras.utils.set_random_seed(0)
     model = transformer_seq2seq(
         args.vocab_size, args.vocab_size, num_layers=args.num_layers,
-        embed_dim=args.embed_dim, num_heads=args.num_heads, ffn_dim=args.ffn_dim, dropout=0.0,
+        hidden_dim=args.embed_dim, num_heads=args.num_heads, intermediate_dim=args.ffn_dim,
+        dropout=0.0,
     )
     # Random Transformers predict nearly one token everywhere. A unit-variance target
     # embedding tied (through a permutation) to the output projection makes the next token

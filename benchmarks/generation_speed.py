@@ -53,9 +53,9 @@ def main(argv=None) -> None:
     hub = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     hub.compile(sampler="greedy", jit_compile=args.xla)
     ours = ka.models.causal_lm(
-        args.vocab, num_layers=args.layers, embed_dim=args.dim, num_heads=args.heads,
-        ffn_dim=args.ffn, position_encoding="learned", max_length=total, norm="layer",
-        activation="gelu", tie_embeddings=True)
+        args.vocab, num_layers=args.layers, hidden_dim=args.dim, num_heads=args.heads,
+        intermediate_dim=args.ffn, position_encoding="learned", max_sequence_length=total,
+        norm="layer", activation="gelu", tie_word_embeddings=True)
     print("| batch | keras_hub tokens/s | keras_attn tokens/s | keras_attn / keras_hub |")
     print("|---|---|---|---|")
     for batch in args.batch:

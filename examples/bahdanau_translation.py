@@ -48,7 +48,7 @@ def build_model(data, args):
     from keras_attn.models import bahdanau_seq2seq
 
     return bahdanau_seq2seq(
-        data.source_vocab_size, data.target_vocab_size, embed_dim=args.embed_dim,
+        data.source_vocab_size, data.target_vocab_size, embedding_dim=args.embed_dim,
         units=args.units, num_layers=args.num_layers, dropout=args.dropout, seed=args.seed,
     )
 

@@ -186,9 +186,9 @@ def main(argv=None) -> dict:
     val_ds = tf.data.Dataset.from_tensor_slices(val).batch(256)
 
     model = ka.models.causal_lm(
-        len(vocabulary), num_layers=args.num_layers, embed_dim=args.embed_dim,
-        num_heads=args.num_heads, ffn_dim=args.ffn_dim, num_key_value_heads=args.num_kv_heads,
-        seed=args.seed)
+        len(vocabulary), num_layers=args.num_layers, hidden_dim=args.embed_dim,
+        num_heads=args.num_heads, intermediate_dim=args.ffn_dim,
+        num_key_value_heads=args.num_kv_heads, seed=args.seed)
     schedule = keras.optimizers.schedules.CosineDecay(
         args.learning_rate, args.epochs * args.steps_per_epoch)
     model.compile(optimizer=keras.optimizers.AdamW(schedule, weight_decay=0.01),

@@ -82,7 +82,7 @@ def load_data(seed: int, smoke: bool):
     return x_train, y_train, x_test, y_test
 
 
-def build_model(embed_dim: int = 32) -> keras.Model:
+def build_model(hidden_dim: int = 32) -> keras.Model:
     """8 × 8 × 1 image -> 10 logits. Augmentation is the only regularizer (no dropout)."""
     import keras
 
@@ -90,11 +90,11 @@ def build_model(embed_dim: int = 32) -> keras.Model:
 
     images = keras.Input((8, 8, 1), name="images")
     # One pixel per token: no LayerNorm on a linear map of a scalar (it would squash intensity).
-    x = PatchEmbedding(patch_size=1, embed_dim=embed_dim, use_norm=False,
+    x = PatchEmbedding(patch_size=1, hidden_dim=hidden_dim, use_norm=False,
                        name="patch_embedding")(images)
     x = SwinBlock(2, window_size=4, shift_size=0, name="block1")(x)
     x = SwinBlock(2, window_size=4, shift_size=2, name="block2")(x)
-    x = PatchMerging(name="patch_merging")(x)  # (B, 4, 4, 2 · embed_dim)
+    x = PatchMerging(name="patch_merging")(x)  # (B, 4, 4, 2 · hidden_dim)
     x = SwinBlock(4, window_size=4, shift_size=0, name="block3")(x)
     x = SwinBlock(4, window_size=4, shift_size=2, name="block4")(x)
     x = keras.layers.LayerNormalization(name="norm")(x)

@@ -59,7 +59,7 @@ def build_model(data, args):
 
     return transformer_seq2seq(
         data.source_vocab_size, data.target_vocab_size, num_layers=args.num_layers,
-        embed_dim=args.embed_dim, num_heads=args.num_heads, ffn_dim=args.ffn_dim,
+        hidden_dim=args.embed_dim, num_heads=args.num_heads, intermediate_dim=args.ffn_dim,
         dropout=args.dropout,
     )
 

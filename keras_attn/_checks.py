@@ -173,7 +173,7 @@ def as_output_shape(output_dim, output_shape) -> tuple:
     """`(output_dim, output_shape)`: the int of a one-axis output (else None) and the tuple
     (None when neither is given); both may be given when they agree."""
     if output_shape is not None:
-        shape = (output_shape,) if isinstance(output_shape, int) else output_shape
+        shape = (output_shape,) if isinstance(output_shape, (int, np.integer)) else output_shape
         if not isinstance(shape, (tuple, list)) or not shape or any(
                 isinstance(d, bool) or static_int(d) is None or d < 1 for d in shape):
             raise ValueError(

@@ -52,8 +52,8 @@ def main(argv=None):
     steps = args.epochs * -(-len(data.train) // args.batch_size)
     with strategy.scope():
         model = transformer_seq2seq(data.source_vocab_size, data.target_vocab_size,
-                                    num_layers=1, embed_dim=16, num_heads=2, ffn_dim=32,
-                                    dropout=0.0)
+                                    num_layers=1, hidden_dim=16, num_heads=2,
+                                    intermediate_dim=32, dropout=0.0)
         learning_rate = keras.optimizers.schedules.CosineDecay(2e-3, steps, alpha=0.02)
         model.compile(optimizer=keras.optimizers.Adam(learning_rate, clipnorm=1.0),
                       loss=MaskedSequenceLoss(), metrics=[MaskedAccuracy()])

@@ -9,11 +9,16 @@ gradients.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import keras
 import numpy as np
 from backend_utils import layer_value_and_grads
+
+from keras_attn.layers import AttentionConfig
+
+ATTENTION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AttentionConfig)}
 
 
 def _to_float32(x):
@@ -81,11 +86,16 @@ def run_layer_test(
     """
     call_kwargs = call_kwargs or {}
 
-    # Config round-trip: every constructor argument is in the config, and survives.
+    # Config round-trip: every constructor argument is in the config (an attention field given
+    # as a keyword, in its `"attention"` configuration unless it says the default), and
+    # survives.
     layer = layer_cls(**init_kwargs)
     config = layer.get_config()
-    for name in init_kwargs:
-        assert name in config, f"get_config() lacks constructor argument `{name}`"
+    attention = config.get("attention") if isinstance(config.get("attention"), dict) else {}
+    for name, value in init_kwargs.items():
+        assert name in config or name in attention or (
+            name in ATTENTION_DEFAULTS and value == ATTENTION_DEFAULTS[name]
+        ), f"get_config() lacks constructor argument `{name}`"
     revived = layer_cls.from_config(config)
     assert revived.get_config() == config
 

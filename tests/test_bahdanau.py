@@ -16,7 +16,7 @@ TARGET_IN = np.array([[2, 6, 7, 8], [2, 9, 3, 0], [2, 10, 11, 12]], "int32")
 
 
 def small_model(num_layers=2, **kwargs):
-    return bahdanau_seq2seq(16, 14, embed_dim=6, units=8, num_layers=num_layers, **kwargs)
+    return bahdanau_seq2seq(16, 14, embedding_dim=6, units=8, num_layers=num_layers, **kwargs)
 
 
 def np_sigmoid(x):
@@ -54,8 +54,8 @@ def test_attention_weights_sum_to_one_and_skip_padding():
 
 
 def test_decoder_step_matches_numpy_reference():
-    batch, source_len, units, embed_dim, vocab = 2, 4, 5, 3, 7
-    decoder = BahdanauDecoder(vocab, embed_dim, units, num_layers=2)
+    batch, source_len, units, embedding_dim, vocab = 2, 4, 5, 3, 7
+    decoder = BahdanauDecoder(vocab, embedding_dim, units, num_layers=2)
     rng = np.random.default_rng(0)
     h = rng.normal(size=(batch, source_len, units)).astype("float32")
     s0 = [rng.normal(size=(batch, units)).astype("float32") for _ in range(2)]
@@ -218,7 +218,7 @@ def reversal_data(rng, count, vocab=10, min_len=3, max_len=8):
 def test_learns_sequence_reversal():
     rng = np.random.default_rng(0)
     train, test = reversal_data(rng, 3000), reversal_data(rng, 200)
-    model = bahdanau_seq2seq(14, 14, embed_dim=16, units=32, num_layers=1, dropout=0.0)
+    model = bahdanau_seq2seq(14, 14, embedding_dim=16, units=32, num_layers=1, dropout=0.0)
     model.compile(keras.optimizers.Adam(0.01), loss=MaskedSequenceLoss(),
                   metrics=[MaskedAccuracy()])
     model.fit(list(train[:2]), train[2], batch_size=64, epochs=6, verbose=0)
@@ -233,14 +233,14 @@ def test_learns_sequence_reversal():
 @pytest.mark.parametrize(
     "build, name",
     [
-        (lambda: BahdanauEncoder(0, 4, 4), "vocab_size"),
+        (lambda: BahdanauEncoder(0, 4, 4), "vocabulary_size"),
         (lambda: BahdanauEncoder(8, 4, 4, dropout=1.0), "dropout"),
-        (lambda: BahdanauDecoder(8, -1, 4), "embed_dim"),
+        (lambda: BahdanauDecoder(8, -1, 4), "embedding_dim"),
         (lambda: BahdanauDecoder(8, 4, 0), "units"),
         (lambda: BahdanauDecoder(8, 4, 4, num_layers=1.5), "num_layers"),
         (lambda: BahdanauCell(4, num_layers=0), "num_layers"),
-        (lambda: bahdanau_seq2seq(0, 8), "source_vocab_size"),
-        (lambda: bahdanau_seq2seq(8, None), "target_vocab_size"),
+        (lambda: bahdanau_seq2seq(0, 8), "source_vocabulary_size"),
+        (lambda: bahdanau_seq2seq(8, None), "target_vocabulary_size"),
     ],
 )
 def test_bad_arguments_raise(build, name):

@@ -254,8 +254,8 @@ def test_what_the_assembly_cannot_express_is_refused():
     with pytest.raises(ValueError, match="layers/1/ffn/gate/kernel"):
         set_weights(model, spec, incomplete)
     gpt2 = load_hf_checkpoint(fx.hf_checkpoint("gpt2"))[0]
-    with pytest.raises(ValueError, match="max_length"):
-        build_model(gpt2, max_length=gpt2.max_sequence_length + 1)
+    with pytest.raises(ValueError, match="max_sequence_length"):
+        build_model(gpt2, max_sequence_length=gpt2.max_sequence_length + 1)
 
 
 KERAS_HUB = ("gpt2", "llama", "llama3", "mistral", "bert", "bert_mlm")

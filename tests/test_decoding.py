@@ -289,8 +289,8 @@ def varied_transformer():
     Random Transformers tend to predict one token everywhere; tying the output projection to
     a permutation of the target embedding makes the next token depend on the current one.
     """
-    model = transformer_seq2seq(15, 17, num_layers=2, embed_dim=16, num_heads=4, ffn_dim=32,
-                                dropout=0.0, norm_first=True)
+    model = transformer_seq2seq(15, 17, num_layers=2, hidden_dim=16, num_heads=4,
+                                intermediate_dim=32, dropout=0.0, normalize_first=True)
     rng = np.random.default_rng(0)
     for var in model.weights:
         var.assign(0.2 * rng.standard_normal(var.shape) + ("gamma" in var.path))
@@ -470,7 +470,7 @@ def test_source_ids_past_the_vocabulary_and_int32_lengths_are_refused():
 def test_mask_predict_refuses_source_ids_past_the_vocabulary():
     from keras_attn.models import nat_seq2seq
 
-    model = nat_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=16,
+    model = nat_seq2seq(12, 12, num_layers=1, hidden_dim=16, num_heads=2, intermediate_dim=16,
                         max_target_length=5)
     tokens, _ = decoding.mask_predict(model, [[4, 11, 0]], iterations=2)
     assert as_np(tokens).shape == (1, 5)

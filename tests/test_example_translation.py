@@ -217,7 +217,7 @@ def test_subword_teacher_and_distilled_nat_on_pairs(tmp_path):
     # A student of other sizes cannot start from the teacher: refused before it translates.
     other, out = run_example("nat_translation.py", tmp_path, *data, *size[:-1], "32",
                              "--teacher", str(teacher), check=False)
-    assert other.returncode != 0 and "ffn_dim=32" in other.stderr, other.stderr[-500:]
+    assert other.returncode != 0 and "intermediate_dim=32" in other.stderr, other.stderr[-500:]
     assert not (teacher / "distilled_train_beam4.json").exists()
     # One epoch of however many distilled pairs the teacher's outputs leave: a short warm-up.
     result, out = run_example("nat_translation.py", tmp_path, *data[:-2], "--warmup-steps", "2",

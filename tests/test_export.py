@@ -94,10 +94,10 @@ def train(model, data, epochs=1, learning_rate=5e-3):
 
 MODELS = {
     "transformer": lambda d: transformer_seq2seq(d.source_vocab_size, d.target_vocab_size,
-                                                 num_layers=1, embed_dim=16, num_heads=2,
-                                                 ffn_dim=32),
+                                                 num_layers=1, hidden_dim=16, num_heads=2,
+                                                 intermediate_dim=32),
     "bahdanau": lambda d: bahdanau_seq2seq(d.source_vocab_size, d.target_vocab_size,
-                                           embed_dim=8, units=16, num_layers=1),
+                                           embedding_dim=8, units=16, num_layers=1),
 }
 
 
@@ -165,7 +165,7 @@ def trained_dates_model():
     keras.utils.set_random_seed(0)
     data = load_dates_translation(num_examples=4000, seed=1)
     model = transformer_seq2seq(data.source_vocab_size, data.target_vocab_size, num_layers=1,
-                                embed_dim=32, num_heads=2, ffn_dim=64)
+                                hidden_dim=32, num_heads=2, intermediate_dim=64)
     return train(model, data, epochs=12), data
 
 
@@ -196,7 +196,7 @@ def test_saved_model_cli_lists_both_signatures(dates, tmp_path):
     if cli is None:
         pytest.skip("saved_model_cli is not on PATH")
     model = transformer_seq2seq(dates.source_vocab_size, dates.target_vocab_size, num_layers=1,
-                                embed_dim=16, num_heads=2, ffn_dim=32)
+                                hidden_dim=16, num_heads=2, intermediate_dim=32)
     path = str(tmp_path / "export")
     export_translator(model, dates.source_vectorizer, dates.target_vectorizer, path,
                       standardize=dates.standardize_tf, joiner="")
@@ -246,7 +246,7 @@ def test_one_saved_model_serves_greedy_and_beam_search_by_request(dates, tmp_pat
 
 def test_export_rejects_bad_arguments(dates, tmp_path):
     model = transformer_seq2seq(dates.source_vocab_size, dates.target_vocab_size, num_layers=1,
-                                embed_dim=16, num_heads=2, ffn_dim=32)
+                                hidden_dim=16, num_heads=2, intermediate_dim=32)
     with pytest.raises(ValueError, match="beam_size"):
         export_translator(model, dates.source_vectorizer, dates.target_vectorizer,
                           str(tmp_path / "x"), beam_size=0)

@@ -68,8 +68,8 @@ BAD_CASES["bad negative temperature"] = {**GREEDY, "temperature": -1.0}
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     keras.utils.set_random_seed(2)
-    model = ka.models.causal_lm(len(VOCABULARY), num_layers=1, embed_dim=16, num_heads=2,
-                                ffn_dim=32, num_key_value_heads=1)
+    model = ka.models.causal_lm(len(VOCABULARY), num_layers=1, hidden_dim=16, num_heads=2,
+                                intermediate_dim=32, num_key_value_heads=1)
     path = str(tmp_path_factory.mktemp("generator") / "saved_model")
     export_generator(model, VOCABULARY, path, max_length=32)
     served = subprocess.run([sys.executable, "-c", SERVE, path,
@@ -162,8 +162,8 @@ def test_served_settings_out_of_range_fail_the_call(exported, case):
 
 def test_prompts_are_standardized_as_the_training_text_was():
     keras.utils.set_random_seed(2)
-    model = ka.models.causal_lm(len(VOCABULARY), num_layers=1, embed_dim=16, num_heads=2,
-                                ffn_dim=32, num_key_value_heads=1)
+    model = ka.models.causal_lm(len(VOCABULARY), num_layers=1, hidden_dim=16, num_heads=2,
+                                intermediate_dim=32, num_key_value_heads=1)
 
     def letters(text):
         return tf.strings.regex_replace(tf.strings.lower(text), "[^a-z]+", " ")
@@ -178,7 +178,7 @@ def test_prompts_are_standardized_as_the_training_text_was():
 
 
 def test_bad_vocabularies_are_refused(tmp_path):
-    model = ka.models.causal_lm(8, num_layers=1, embed_dim=8, num_heads=2, ffn_dim=8)
+    model = ka.models.causal_lm(8, num_layers=1, hidden_dim=8, num_heads=2, intermediate_dim=8)
     with pytest.raises(ValueError, match="vocabulary"):
         export_generator(model, ["a", "b"], str(tmp_path / "x"), 16)
     with pytest.raises(ValueError, match="split"):

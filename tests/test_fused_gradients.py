@@ -81,7 +81,7 @@ def test_gelu_tanh_equals_the_formula_with_its_gradient(fused):
 
 @pytest.mark.skipif(not ON_TF, reason="the hand-written gradients are TensorFlow's")
 def test_gpt2_block_values_and_gradients_do_not_depend_on_the_switch():
-    block = TransformerDecoderOnlyBlock(num_heads=2, ffn_dim=16, norm="layer",
+    block = TransformerDecoderOnlyBlock(2, intermediate_dim=16, norm="layer",
                                         activation="gelu_tanh", kernel_initializer=
                                         keras.initializers.GlorotUniform(seed=4))
     block.build((2, 5, 8))

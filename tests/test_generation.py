@@ -20,7 +20,7 @@ PROMPTS = np.array([[BOS_ID, 5, 6, 7], [BOS_ID, 9, 0, 0], [BOS_ID, 0, 0, 0]], "i
 @pytest.fixture(scope="module")
 def model():
     keras.utils.set_random_seed(3)
-    return ka.models.causal_lm(24, num_layers=2, embed_dim=32, num_heads=4, ffn_dim=48,
+    return ka.models.causal_lm(24, num_layers=2, hidden_dim=32, num_heads=4, intermediate_dim=48,
                                num_key_value_heads=2)
 
 
@@ -50,7 +50,7 @@ def test_the_default_padding_is_the_models_own():
     """A `causal_lm(pad_id=None)` has no padding id: `generate` without `pad_id` bans no id and
     takes every prompt position as a token (it banned 0 and <bos> unless `pad_id` was given)."""
     keras.utils.set_random_seed(5)
-    model = ka.models.causal_lm(24, num_layers=1, embed_dim=32, num_heads=4, ffn_dim=48,
+    model = ka.models.causal_lm(24, num_layers=1, hidden_dim=32, num_heads=4, intermediate_dim=48,
                                 pad_id=None)
     (bias,) = [w for w in model.weights if w.path == "decoder/head/output_dense/bias"]
     favoured = np.zeros(24, "float32")
@@ -63,7 +63,7 @@ def test_the_default_padding_is_the_models_own():
     np.testing.assert_array_equal(to_np(decoding.generate(model, PROMPTS, 8, pad_id=0)),
                                   python_greedy(model, PROMPTS, 8))
     # A model's own padding id other than 0 is the default.
-    padded = ka.models.causal_lm(24, num_layers=1, embed_dim=32, num_heads=4, ffn_dim=48,
+    padded = ka.models.causal_lm(24, num_layers=1, hidden_dim=32, num_heads=4, intermediate_dim=48,
                                  pad_id=7)
     padded.set_weights(model.get_weights())
     prompts = np.where(PROMPTS == 0, 7, PROMPTS)
@@ -95,9 +95,9 @@ def test_sampling_is_reproducible_by_seed_and_respects_max_new_tokens(model):
 
 @pytest.mark.parametrize("position_encoding", ["rope", "alibi", "learned"])
 def test_cached_steps_equal_the_full_pass_with_groups(position_encoding):
-    model = ka.models.causal_lm(30, num_layers=2, embed_dim=32, num_heads=4, ffn_dim=64,
+    model = ka.models.causal_lm(30, num_layers=2, hidden_dim=32, num_heads=4, intermediate_dim=64,
                                 num_key_value_heads=2, position_encoding=position_encoding,
-                                max_length=12)
+                                max_sequence_length=12)
     ids = np.random.default_rng(0).integers(1, 30, (2, 9)).astype("int32")
     full = to_np(model(ids))
     decoder = model.get_layer("decoder")
@@ -161,8 +161,12 @@ def test_sampled_frequencies_match_the_filtered_softmax(temperature, top_k, top_
 
 def test_decoder_only_layer_contract(tmp_path):
     run_layer_test(ka.TransformerDecoderOnly,
-                   {"vocab_size": 20, "num_layers": 1, "embed_dim": 16, "num_heads": 2,
-                    "ffn_dim": 32, "num_key_value_heads": 1, "position_encoding": "rope"},
+                   {"vocabulary_size": 20, "num_layers": 1, "hidden_dim": 16,
+                    "block": ka.BlockConfig(
+                        ka.AttentionConfig(num_heads=2, num_key_value_heads=1,
+                                           position_encoding="rope"),
+                        intermediate_dim=32, activation="swiglu", norm="rms",
+                        normalize_first=True)},
                    {"inputs": np.random.default_rng(1).integers(0, 20, (3, 6)).astype("int32")},
                    (3, 6, 20), tmp_path)
 
@@ -328,7 +332,7 @@ def test_a_sequence_to_sequence_model_is_decoded_as_one():
     """`generate(transformer_seq2seq(...))` failed inside an autograph trace with a TypeError
     about `init_decode_state`'s arguments; now `generate` decodes it (source ids in, `max_length`
     target ids out)."""
-    seq2seq = ka.models.transformer_seq2seq(12, 12, num_layers=1, embed_dim=8, num_heads=2,
-                                            ffn_dim=8)
+    seq2seq = ka.models.transformer_seq2seq(12, 12, num_layers=1, hidden_dim=8, num_heads=2,
+                                            intermediate_dim=8)
     tokens = to_np(decoding.generate(seq2seq, np.array([[2, 5, 6]], "int32"), 6))
     assert tokens.shape == (1, 6) and tokens[0, 0] not in (0, BOS_ID)  # never emitted

@@ -103,9 +103,11 @@ def test_sublayer_initializer_is_deterministic_per_name_and_keeps_the_class():
 SEEDED = keras.initializers.GlorotUniform(seed=3)
 MODELS = {
     "transformer_seq2seq": lambda: ka.models.transformer_seq2seq(
-        20, 20, num_layers=2, embed_dim=16, num_heads=2, ffn_dim=16, kernel_initializer=SEEDED),
+        20, 20, num_layers=2, hidden_dim=16, num_heads=2, intermediate_dim=16,
+        kernel_initializer=SEEDED),
     "causal_lm": lambda: ka.models.causal_lm(
-        20, num_layers=2, embed_dim=16, num_heads=2, ffn_dim=16, kernel_initializer=SEEDED),
+        20, num_layers=2, hidden_dim=16, num_heads=2, intermediate_dim=16,
+        kernel_initializer=SEEDED),
 }
 
 

@@ -224,7 +224,8 @@ def test_from_keras_reproduces_the_layer_it_accepts():
      (lambda: ka.ScaledDotAttention(scale=float("inf")), "scale"),
      (lambda: ka.AddNorm(epsilon=float("inf")), "epsilon"),
      (lambda: ka.AddNorm(epsilon=float("nan")), "epsilon"),
-     (lambda: ka.TransformerEncoderBlock(2, 8, epsilon=float("nan")), "epsilon"),
+     (lambda: ka.TransformerEncoderBlock(2, 8, layer_norm_epsilon=float("nan")),
+      "layer_norm_epsilon"),
      (lambda: ka.SinusoidalPositionEncoding(max_wavelength=float("inf")), "max_wavelength")],
 )
 def test_non_finite_numbers_are_refused(make, arg):
@@ -266,7 +267,7 @@ def test_numpy_integers_are_integers_everywhere():
     """NumPy integer sizes (26.19) build the same layers as Python ints."""
     x = rand(1, 3, 8)
     for make in (lambda i: ka.MultiHead(i(4), i(4), num_key_value_heads=i(2), value_dim=i(3),
-                                        output_dim=i(6), sliding_window=i(2)),
+                                        output_shape=i(6), sliding_window=i(2)),
                  lambda i: ka.LocalMultiHead(i(2), i(4), sliding_window=i(2), num_global=i(1)),
                  lambda i: ka.LinearAttention(i(2), i(4), chunk_size=i(2)),
                  lambda i: ka.AdditiveAttention(i(5)), lambda i: ka.FFN(i(6), output_dim=i(3))):

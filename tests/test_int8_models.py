@@ -15,16 +15,16 @@ import keras_attn as ka
 from keras_attn.models import causal_lm
 
 IDS = np.random.default_rng(0).integers(4, 40, (2, 9)).astype("int32")
-SIZES = {"num_layers": 2, "embed_dim": 32, "num_heads": 4, "ffn_dim": 48,
+SIZES = {"num_layers": 2, "hidden_dim": 32, "num_heads": 4, "intermediate_dim": 48,
          "num_key_value_heads": 2}
 SCHEMES = ["learned", "sinusoidal", "rope", "alibi", "relative"]
 
 
-def quantized_pair(position_encoding, tie_embeddings):
+def quantized_pair(position_encoding, tie_word_embeddings):
     """A float32 model and its int8 copy (same weights)."""
     keras.utils.set_random_seed(0)
-    model = causal_lm(40, **SIZES, position_encoding=position_encoding, max_length=16,
-                      tie_embeddings=tie_embeddings)
+    model = causal_lm(40, **SIZES, position_encoding=position_encoding, max_sequence_length=16,
+                      tie_word_embeddings=tie_word_embeddings)
     reference = to_np(model(IDS))
     with warnings.catch_warnings():  # Keras warns about every layer it leaves as it is
         warnings.simplefilter("ignore")
@@ -47,13 +47,13 @@ def _grid():
                                id=f"{scheme}-{'tied' if tied else 'untied'}")
 
 
-@pytest.mark.parametrize(("position_encoding", "tie_embeddings"), list(_grid()))
+@pytest.mark.parametrize(("position_encoding", "tie_word_embeddings"), list(_grid()))
 def test_int8_logits_stay_close_decode_as_they_run_and_load_back(position_encoding,
-                                                                 tie_embeddings, tmp_path):
-    model, reference = quantized_pair(position_encoding, tie_embeddings)
+                                                                 tie_word_embeddings, tmp_path):
+    model, reference = quantized_pair(position_encoding, tie_word_embeddings)
     decoder = model.get_layer("decoder")
     assert decoder.blocks[0].self_attention.query_dense.quantization_mode == "int8"
-    head = decoder.embedding.token_embedding if tie_embeddings else decoder.head
+    head = decoder.embedding.token_embedding if tie_word_embeddings else decoder.head
     assert any(dtype_of(variable) == "int8" for variable in head.weights)
     error = to_np(model(IDS)) - reference
     spread = reference.std()

@@ -36,7 +36,7 @@ CONTRACT_CASES = [
      {"query": rand(2, 3, 6), "key": rand(2, 5, 6), "value": rand(2, 5, 4),
       "valid_lens": LENS}, (2, 3, 4), {}),
     ("multi_head", ka.MultiHead, {"num_heads": 2, "key_dim": 4, "value_dim": 3,
-                                  "output_dim": 7, "dropout": 0.1},
+                                  "output_shape": 7, "dropout": 0.1},
      {"query": rand(2, 3, 6), "key": rand(2, 5, 5), "value": rand(2, 5, 4),
       "valid_lens": LENS}, (2, 3, 7), {}),
     ("multi_head_causal_bias_kv_zero_attn", ka.MultiHead,
@@ -45,7 +45,8 @@ CONTRACT_CASES = [
     ("position_encoding", ka.SinusoidalPositionEncoding, {"max_wavelength": 1000,
                                                           "dropout": 0.1},
      {"inputs": rand(2, 7, 6)}, (2, 7, 6), {}),
-    ("ffn", ka.FFN, {"hidden_dim": 8, "output_dim": 5, "activation": "gelu", "dropout": 0.1},
+    ("ffn", ka.FFN, {"intermediate_dim": 8, "output_dim": 5, "activation": "gelu",
+                     "dropout": 0.1},
      {"inputs": rand(2, 3, 6)}, (2, 3, 5), {}),
     ("add_norm", ka.AddNorm, {"dropout": 0.1, "epsilon": 1e-6},
      {"inputs": rand(2, 3, 6), "sublayer_output": rand(2, 3, 6)}, (2, 3, 6), {}),
@@ -133,7 +134,7 @@ def test_scaled_dot_attention_matches_formula_with_causal_mask():
 
 
 def test_multi_head_matches_per_head_formula():
-    layer = ka.MultiHead(num_heads=3, key_dim=4, value_dim=2, output_dim=5)
+    layer = ka.MultiHead(num_heads=3, key_dim=4, value_dim=2, output_shape=5)
     q, k, v = rand(2, 3, 6), rand(2, 5, 7), rand(2, 5, 8)
     out, weights = layer(q, k, v, valid_lens=LENS, return_attention_scores=True)
     ref_out, ref_w = ref.multi_head_attention(q, k, v, mha_weights(layer), 3,
@@ -166,7 +167,7 @@ def test_position_encoding_any_length_and_dtype():
 
 def test_ffn_and_add_norm_match_formula():
     x, y = rand(2, 3, 6), rand(2, 3, 6)
-    ffn = ka.FFN(hidden_dim=8)
+    ffn = ka.FFN(intermediate_dim=8)
     out = to_np(ffn(x))
     h = np.maximum(x @ to_np(ffn.hidden_dense.kernel) + to_np(ffn.hidden_dense.bias), 0)
     want = h @ to_np(ffn.output_dense.kernel) + to_np(ffn.output_dense.bias)
@@ -352,8 +353,8 @@ def test_multi_head_appended_keys_with_a_query_mask_only(implementation):
         (lambda: ka.ScaledDotAttention(scale="big"), "scale"),
         (lambda: ka.NWPooling(learnable="yes"), "learnable"),
         (lambda: ka.SinusoidalPositionEncoding(max_wavelength=0), "max_wavelength"),
-        (lambda: ka.FFN(hidden_dim=0), "hidden_dim"),
-        (lambda: ka.FFN(hidden_dim=4, activation="nope"), "activation"),
+        (lambda: ka.FFN(intermediate_dim=0), "intermediate_dim"),
+        (lambda: ka.FFN(intermediate_dim=4, activation="nope"), "activation"),
         (lambda: ka.AddNorm(epsilon=-1), "epsilon"),
         (lambda: ka.AddNorm(dropout=-0.1), "dropout"),
     ],

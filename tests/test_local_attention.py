@@ -142,13 +142,13 @@ def test_dynamic_length_functional_model():
 @pytest.mark.parametrize(
     "init_kwargs,call_kwargs",
     [({"num_heads": 2, "key_dim": 4, "sliding_window": 3, "num_global": 1, "dropout": 0.1,
-       "output_dim": 5}, {"use_causal_mask": True}),
+       "output_shape": 5}, {"use_causal_mask": True}),
      ({"num_heads": 2, "key_dim": 4, "sliding_window": 4, "value_dim": 3}, {})],
     ids=["causal_global_dropout", "bidirectional"],
 )
 def test_layer_contract(init_kwargs, call_kwargs, tmp_path):
     inputs = {"query": rand(2, 9, 6), "valid_lens": np.array([9, 4], "int32")}
-    expected = (2, 9, init_kwargs.get("output_dim", 6))
+    expected = (2, 9, init_kwargs.get("output_shape", 6))
     run_layer_test(ka.LocalMultiHead, init_kwargs, inputs, expected, tmp_path,
                    call_kwargs=call_kwargs)
 
@@ -180,9 +180,13 @@ def test_unaligned_keys_run_the_dense_band():
 
 
 def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks():
-    """`sliding_window=w + 1` in a block equals the full block given the band mask
-    |i-j| <= w; `attention_window=w` is its deprecated alias."""
-    from keras_attn.layers import TransformerDecoderBlock, TransformerEncoderBlock
+    """`sliding_window=w + 1` in a block's attention equals the full block given the band
+    mask |i-j| <= w."""
+    from keras_attn.layers import (
+        AttentionConfig,
+        TransformerDecoderBlock,
+        TransformerEncoderBlock,
+    )
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 9, 8)).astype("float32")
@@ -191,10 +195,7 @@ def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks(
     i, j = np.arange(9)[:, None], np.arange(9)[None]
     band = np.abs(i - j) <= 2
 
-    with pytest.warns(DeprecationWarning, match="sliding_window=3"):
-        alias = TransformerEncoderBlock(2, 16, attention_window=2)
-    assert alias.get_config()["sliding_window"] == 3
-    local = TransformerEncoderBlock(2, 16, sliding_window=3)
+    local = TransformerEncoderBlock(AttentionConfig(2, sliding_window=3), 16)
     full = TransformerEncoderBlock(2, 16)
     local.build(x.shape), full.build(x.shape)
     full.set_weights(local.get_weights())
@@ -204,7 +205,7 @@ def test_transformer_blocks_with_attention_window_equal_band_masked_full_blocks(
 
     # Decoder: position t sees only t-2..t, so changing x[:, 0] leaves positions >= 3 as they
     # were (with full causal attention it would change every position).
-    local = TransformerDecoderBlock(2, 16, sliding_window=3)
+    local = TransformerDecoderBlock(AttentionConfig(2, sliding_window=3), 16)
     full = TransformerDecoderBlock(2, 16)
     local.build(x.shape, memory.shape), full.build(x.shape, memory.shape)
     full.set_weights(local.get_weights())
@@ -222,8 +223,8 @@ def test_windowed_transformer_cached_decoding_equals_full_pass():
     from keras_attn import decoding
     from keras_attn.models import transformer_seq2seq
 
-    model = transformer_seq2seq(12, 12, num_layers=1, embed_dim=16, num_heads=2, ffn_dim=32,
-                                dropout=0.0, sliding_window=3)
+    model = transformer_seq2seq(12, 12, num_layers=1, hidden_dim=16, num_heads=2,
+                                intermediate_dim=32, dropout=0.0, sliding_window=3)
     source = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
     tokens = as_np(decoding.generate(model, source, 6, stop_token_ids=None))
     prefix = np.concatenate([np.full((2, 1), 2, "int32"), tokens[:, :-1]], 1)

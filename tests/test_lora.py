@@ -16,7 +16,7 @@ TEXT = ("It was the best of times, it was the worst of times, it was the age of 
         "incredulity, it was the season of Light, it was the season of Darkness.")
 CHARS = sorted(set(TEXT))
 VOCAB = len(CHARS) + 4  # ids 0-3 reserved (keras_attn.tokens)
-SIZES = {"num_layers": 2, "embed_dim": 32, "num_heads": 4, "ffn_dim": 48}
+SIZES = {"num_layers": 2, "hidden_dim": 32, "num_heads": 4, "intermediate_dim": 48}
 
 
 def text_batches(length=16):
@@ -34,8 +34,8 @@ def lm(**kwargs):
 
 @pytest.mark.parametrize("kwargs", [
     {},  # LLaMA style: RoPE, RMSNorm, SwiGLU
-    {"position_encoding": "learned", "max_length": 32, "norm": "layer",
-     "activation": "gelu_tanh", "tie_embeddings": True, "num_key_value_heads": 2},
+    {"position_encoding": "learned", "max_sequence_length": 32, "norm": "layer",
+     "activation": "gelu_tanh", "tie_word_embeddings": True, "num_key_value_heads": 2},
 ])
 def test_fit_trains_the_low_rank_weights_only(kwargs):
     model = lm(**kwargs)
@@ -103,7 +103,9 @@ def test_twice_an_unbuilt_model_and_a_non_model_are_refused():
     with pytest.raises(ValueError, match="`model` already has LoRA"):
         enable_lora(model, 2)
     with pytest.raises(ValueError, match="`model` must be built"):
-        enable_lora(ka.models.TransformerDecoderOnly(VOCAB, **SIZES), 2)
+        enable_lora(ka.models.TransformerDecoderOnly(
+            VOCAB, num_layers=2, hidden_dim=32,
+            block=ka.BlockConfig(ka.AttentionConfig(num_heads=4), intermediate_dim=48)), 2)
     with pytest.raises(ValueError, match="`model`"):
         enable_lora("model", 2)
 

@@ -15,6 +15,8 @@ import keras_attn as ka
 from keras_attn import decoding
 from keras_attn.decoding.contract import Decoder
 from keras_attn.layers import (
+    AttentionConfig,
+    BlockConfig,
     MultiHead,
     OutputHead,
     RotaryEmbedding,
@@ -37,7 +39,14 @@ from keras_attn.models import (
 SOURCE = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
 TARGET = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
 LM_IDS = np.array([[2, 5, 6, 7, 8, 9, 10], [2, 9, 11, 12, 0, 0, 0]], "int32")
-SIZES = {"num_layers": 2, "embed_dim": 16, "num_heads": 4, "ffn_dim": 24}
+SIZES = {"num_layers": 2, "hidden_dim": 16, "num_heads": 4, "intermediate_dim": 24}
+# The same sizes for a stack: its blocks' configuration in one `BlockConfig` (the decoder-only
+# stack's LLaMA-style, as `causal_lm` makes it).
+STACK = {"num_layers": 2, "hidden_dim": 16,
+         "block": BlockConfig(AttentionConfig(num_heads=4), intermediate_dim=24)}
+LLAMA_BLOCK = BlockConfig(AttentionConfig(num_heads=4, position_encoding="rope"),
+                          intermediate_dim=24, activation="swiglu", norm="rms",
+                          normalize_first=True)
 
 
 # ---- attention weights only when asked ------------------------------------------------------
@@ -98,7 +107,7 @@ def test_blocks_and_swin_ask_only_when_asked(asked):
     asked.clear()
     seq = x[:, 0]  # (2, 8, 16)
     encoder, decoder = TransformerEncoderBlock(2, 16), TransformerDecoderBlock(2, 16)
-    decoder_only = TransformerDecoderOnlyBlock(2, 16)
+    decoder_only = TransformerDecoderOnlyBlock(2, 16)  # `attention` as the number of heads
     encoder(seq), decoder(seq, seq), decoder_only(seq)
     assert not any(asked)
     assert encoder(seq, return_attention_scores=True)[1].shape == (2, 2, 8, 8)
@@ -118,7 +127,7 @@ def test_stacks_return_the_weights_they_are_asked_for():
     assert none is None
     _, _, attention = decoder.decode_step(LM_IDS[:, 1], 1, state, return_attention_scores=True)
     assert attention.shape == (2, 2, 4, 7)
-    encoder = TransformerEncoder(19, **SIZES)
+    encoder = TransformerEncoder(19, **STACK)
     hidden, weights = encoder(SOURCE, return_attention_scores=True)
     assert hidden.shape == (2, 5, 16) and weights.shape == (2, 2, 4, 5, 5)
     assert_allclose(as_np(weights)[1, :, :, :3, 3:], 0.0)  # padding hidden
@@ -192,21 +201,10 @@ def test_sliding_window_reaches_every_block_with_keras_meaning():
     ({"pad_id": -1}, "pad_id"),
     ({"head_dim": 0}, "head_dim"),
     ({"use_bias": 1}, "use_bias"),
-    ({"sliding_window": 3, "attention_window": 2}, "attention_window"),
 ])
 def test_bad_kernel_arguments_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}"):
         causal_lm(24, **SIZES, **kwargs)
-
-
-def test_attention_window_is_a_deprecated_alias_of_sliding_window():
-    with pytest.warns(DeprecationWarning, match="sliding_window=4"):
-        model = transformer_seq2seq(19, 22, attention_window=3, **SIZES)
-    for name in ("encoder", "decoder"):
-        layer = model.get_layer(name)
-        assert layer.get_config()["sliding_window"] == 4
-        assert "attention_window" not in layer.get_config()
-        assert layer.blocks[0].self_attention.sliding_window == 4
 
 
 # ---- initializers ------------------------------------------------------------------------------
@@ -269,7 +267,9 @@ def test_every_stack_takes_an_explicit_padding_mask_as_pad_id_would_give_it():
         (ka.models.TransformerEncoder, ()), (ka.models.TransformerDecoder, (memory,)),
         (TransformerDecoderOnly, ()), (CMLMDecoder, (memory,))]
     for cls, extra in stacks:
-        padded, plain = (cls(24, **SIZES, pad_id=pad_id) for pad_id in (0, None))
+        block = LLAMA_BLOCK if cls is TransformerDecoderOnly else STACK["block"]
+        padded, plain = (cls(24, **dict(STACK, block=block), pad_id=pad_id)
+                         for pad_id in (0, None))
         padded(ids, *extra)
         plain(ids, *extra)
         randomize(padded)
@@ -283,24 +283,26 @@ def test_every_stack_takes_an_explicit_padding_mask_as_pad_id_would_give_it():
 
 
 def test_the_seq2seq_builders_take_the_same_stack_arguments():
-    kwargs = {"activation": "gelu", "epsilon": 1e-6, "pad_id": 1,
+    kwargs = {"activation": "gelu", "layer_norm_epsilon": 1e-6, "pad_id": 1,
               "kernel_initializer": keras.initializers.GlorotUniform(seed=3), "seed": 4}
     seq2seq = transformer_seq2seq(12, 14, **SIZES, dropout=0.0, **kwargs)
     nat = nat_seq2seq(12, 14, **SIZES, dropout=0.0, max_target_length=6, **kwargs)
     for model in (seq2seq, nat):
         for name in ("encoder", "decoder"):
             stack = model.get_layer(name)
-            assert (stack.pad_id, stack.epsilon, stack.seed) == (1, 1e-6, 4)
-            assert keras.activations.serialize(stack.activation) == "gelu"
+            assert (stack.pad_id, stack.block.layer_norm_epsilon, stack.seed) == (1, 1e-6, 4)
+            assert keras.activations.serialize(stack.block.activation) == "gelu"
     with pytest.raises(ValueError, match="warp"):
         nat_seq2seq(12, 14, **SIZES, max_target_length=6, warp=1)
 
 
 def test_a_llama_shaped_stack_with_its_own_head_size_rope_base_and_no_biases(tmp_path):
+    attention = AttentionConfig(
+        num_heads=4, num_key_value_heads=2, head_dim=8, use_bias=False,
+        position_encoding=RotaryEmbedding(max_wavelength=500000.0))
     decoder = TransformerDecoderOnly(
-        30, num_layers=1, embed_dim=16, num_heads=4, ffn_dim=24, num_key_value_heads=2,
-        head_dim=8, use_bias=False, epsilon=1e-6,
-        position_encoding=RotaryEmbedding(max_wavelength=500000.0), pad_id=None)
+        30, num_layers=1, hidden_dim=16, pad_id=None, block=LLAMA_BLOCK.replace(
+            attention=attention, use_bias=False, layer_norm_epsilon=1e-6))
     ids = keras.Input((None,), dtype="int32")
     model = keras.Model(ids, decoder(ids))
     names = [w.path for w in model.weights]
@@ -318,8 +320,8 @@ def test_a_llama_shaped_stack_with_its_own_head_size_rope_base_and_no_biases(tmp
 
 
 def test_a_gpt2_shaped_stack_has_a_tied_head_and_tanh_gelu():
-    model = causal_lm(30, **SIZES, position_encoding="learned", max_length=8, norm="layer",
-                      activation="gelu_tanh", tie_embeddings=True)
+    model = causal_lm(30, **SIZES, position_encoding="learned", max_sequence_length=8,
+                      norm="layer", activation="gelu_tanh", tie_word_embeddings=True)
     decoder = model.get_layer("decoder")
     assert decoder.output_dense is None and decoder.head.token_embedding is (
         decoder.embedding.token_embedding)
@@ -334,12 +336,14 @@ def test_a_gpt2_shaped_stack_has_a_tied_head_and_tanh_gelu():
 
 
 def test_a_bert_shaped_encoder_by_composition(tmp_path):
-    embedding = TokenEmbedding(30, 16, position="learned", sequence_length=9, num_segments=2,
-                               norm="layer", epsilon=1e-12, name="embedding")
-    head = OutputHead(30, tie_embeddings=True, transform_activation="gelu", epsilon=1e-12,
-                      name="head")
-    encoder = TransformerEncoder(30, activation="gelu", epsilon=1e-12, embedding=embedding,
-                                 head=head, **SIZES)
+    embedding = TokenEmbedding(30, 16, position="learned", max_sequence_length=9,
+                               num_segments=2, norm="layer", layer_norm_epsilon=1e-12,
+                               name="embedding")
+    head = OutputHead(30, tie_word_embeddings=True, transform_activation="gelu",
+                      layer_norm_epsilon=1e-12, name="head")
+    block = STACK["block"].replace(activation="gelu", layer_norm_epsilon=1e-12)
+    encoder = TransformerEncoder(30, **dict(STACK, block=block), embedding=embedding,
+                                 head=head)
     ids = keras.Input((None,), dtype="int32")
     segments = keras.Input((None,), dtype="int32")
     model = keras.Model([ids, segments], encoder(ids, token_type_ids=segments))
@@ -357,12 +361,13 @@ def test_a_bert_shaped_encoder_by_composition(tmp_path):
 
 
 @pytest.mark.parametrize("layer_cls, kwargs, inputs, shape", [
-    (TokenEmbedding, {"vocab_size": 12, "embed_dim": 8, "position": "learned",
-                      "sequence_length": 6, "num_segments": 2, "norm": "layer", "dropout": 0.1},
+    (TokenEmbedding, {"vocabulary_size": 12, "hidden_dim": 8, "position": "learned",
+                      "max_sequence_length": 6, "num_segments": 2, "norm": "layer",
+                      "dropout": 0.1},
      {"inputs": np.array([[3, 4, 5], [6, 0, 0]], "int32")}, (2, 3, 8)),
-    (TokenEmbedding, {"vocab_size": 12, "embed_dim": 8, "position": "sinusoidal",
+    (TokenEmbedding, {"vocabulary_size": 12, "hidden_dim": 8, "position": "sinusoidal",
                       "scale": 2.0}, {"inputs": np.array([[3, 4, 5]], "int32")}, (1, 3, 8)),
-    (OutputHead, {"vocab_size": 12, "transform_activation": "gelu"},
+    (OutputHead, {"vocabulary_size": 12, "transform_activation": "gelu"},
      {"inputs": np.random.default_rng(0).standard_normal((2, 3, 8)).astype("float32")},
      (2, 3, 12)),
 ])
@@ -372,12 +377,17 @@ def test_the_parts_keep_the_layer_contract(layer_cls, kwargs, inputs, shape, tmp
 
 def test_the_stacks_keep_the_layer_contract(tmp_path):
     run_layer_test(TransformerDecoderOnly,
-                   {"vocab_size": 11, "num_layers": 1, "embed_dim": 8, "num_heads": 2,
-                    "ffn_dim": 16, "implementation": "chunked", "tie_embeddings": True},
+                   {"vocabulary_size": 11, "num_layers": 1, "hidden_dim": 8,
+                    "block": LLAMA_BLOCK.replace(
+                        attention=AttentionConfig(2, position_encoding="rope",
+                                                  implementation="chunked"),
+                        intermediate_dim=16),
+                    "tie_word_embeddings": True},
                    {"inputs": np.array([[2, 6, 7], [2, 5, 0]], "int32")}, (2, 3, 11), tmp_path)
     run_layer_test(CMLMDecoder,
-                   {"vocab_size": 11, "num_layers": 1, "embed_dim": 8, "num_heads": 2,
-                    "ffn_dim": 16, "sliding_window": 2},
+                   {"vocabulary_size": 11, "num_layers": 1, "hidden_dim": 8,
+                    "block": BlockConfig(AttentionConfig(2, sliding_window=2),
+                                         intermediate_dim=16)},
                    {"inputs": np.array([[11, 6, 7], [2, 11, 0]], "int32"),
                     "encoder_outputs": np.random.default_rng(0).standard_normal(
                         (2, 4, 8)).astype("float32")}, (2, 3, 11), tmp_path)
@@ -390,7 +400,7 @@ def test_the_decoders_keep_the_decoding_protocol():
     seq2seq = transformer_seq2seq(19, 22, **SIZES)
     assert isinstance(seq2seq.get_layer("decoder"), Decoder)
     assert isinstance(causal_lm(24, **SIZES).get_layer("decoder"), Decoder)
-    assert isinstance(ka.models.bahdanau_seq2seq(9, 9, embed_dim=4, units=4,
+    assert isinstance(ka.models.bahdanau_seq2seq(9, 9, embedding_dim=4, units=4,
                                                  num_layers=1).get_layer("decoder"), Decoder)
     assert not isinstance(seq2seq.get_layer("encoder"), Decoder)
     with pytest.raises(ValueError, match="contract.Decoder"):

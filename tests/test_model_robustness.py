@@ -14,7 +14,7 @@ from keras_attn.models import causal_lm, nat_seq2seq, transformer_seq2seq
 IDS = np.random.default_rng(0).integers(4, 40, (2, 9)).astype("int32")
 SOURCE = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
 TARGET = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
-SIZES = {"num_layers": 2, "embed_dim": 32, "num_heads": 4, "ffn_dim": 48}
+SIZES = {"num_layers": 2, "hidden_dim": 32, "num_heads": 4, "intermediate_dim": 48}
 
 
 def quantize(model):
@@ -24,9 +24,9 @@ def quantize(model):
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"tie_embeddings": True},
-    {"tie_embeddings": True, "position_encoding": "learned", "max_length": 12, "norm": "layer",
-     "activation": "gelu_tanh"},
+    {"tie_word_embeddings": True},
+    {"tie_word_embeddings": True, "position_encoding": "learned", "max_sequence_length": 12,
+     "norm": "layer", "activation": "gelu_tanh"},
 ])
 def test_tied_logits_after_int8_quantization_keep_the_table_scale(kwargs):
     model = causal_lm(40, **SIZES, **kwargs)
@@ -45,7 +45,7 @@ def test_tied_logits_after_int8_quantization_keep_the_table_scale(kwargs):
 @pytest.mark.parametrize("position_encoding", ["rope", "alibi", "relative", "learned",
                                                "sinusoidal"])
 def test_every_position_scheme_quantizes(position_encoding):
-    model = causal_lm(40, **SIZES, position_encoding=position_encoding, max_length=12)
+    model = causal_lm(40, **SIZES, position_encoding=position_encoding, max_sequence_length=12)
     randomize(model)
     before = to_np(model(IDS))
     quantize(model)
@@ -60,7 +60,7 @@ def test_every_position_scheme_quantizes(position_encoding):
 def test_quantized_models_save_and_load_back_with_identical_outputs(name, tmp_path):
     model, inputs = {
         "causal_lm_rope": (lambda: causal_lm(40, **SIZES, num_key_value_heads=2), IDS),
-        "causal_lm_tied": (lambda: causal_lm(40, **SIZES, tie_embeddings=True), IDS),
+        "causal_lm_tied": (lambda: causal_lm(40, **SIZES, tie_word_embeddings=True), IDS),
         "transformer_seq2seq": (lambda: transformer_seq2seq(20, 22, **SIZES), [SOURCE, TARGET]),
         "nat_seq2seq": (lambda: nat_seq2seq(20, 22, **SIZES, max_target_length=6),
                         [SOURCE, TARGET]),
@@ -107,14 +107,14 @@ def _refused(sequence_length=6):
 
 @pytest.mark.parametrize("call", ["predict", "fit", "evaluate"])
 def test_an_input_longer_than_the_learned_positions_is_refused_inside_fit_and_predict(call):
-    model = causal_lm(40, **SIZES, position_encoding="learned", max_length=6)
+    model = causal_lm(40, **SIZES, position_encoding="learned", max_sequence_length=6)
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     data = _batches(IDS) if call == "predict" else _batches(IDS[:, :-1], IDS[:, 1:])
     with _refused():
         getattr(model, call)(**data, verbose=0)
     # Up to the table's length it runs (a fresh model: Keras' JAX trainer leaves the variables
     # of a model whose `predict` raised without values).
-    model = causal_lm(40, **SIZES, position_encoding="learned", max_length=6)
+    model = causal_lm(40, **SIZES, position_encoding="learned", max_sequence_length=6)
     assert model.predict(**_batches(IDS[:, :6]), verbose=0).shape == (2, 6, 40)
 
 
@@ -133,7 +133,7 @@ def test_token_and_position_embedding_refuses_long_inputs_in_a_model():
 def test_in_a_graph_of_unknown_length_the_check_is_an_assertion_with_the_same_message():
     import tensorflow as tf
 
-    model = causal_lm(40, **SIZES, position_encoding="learned", max_length=6)
+    model = causal_lm(40, **SIZES, position_encoding="learned", max_sequence_length=6)
     graph = tf.function(model, input_signature=[tf.TensorSpec([None, None], tf.int32)])
     with pytest.raises(tf.errors.InvalidArgumentError, match="sequence_length=6"):
         graph(IDS)

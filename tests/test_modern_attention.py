@@ -205,7 +205,7 @@ def test_layer_contract_with_the_new_options(kwargs, tmp_path):
 
 @pytest.mark.parametrize("layer_cls,kwargs,inputs,shape", [
     (ka.RotaryEmbedding, {"max_wavelength": 500}, {"inputs": rand(2, 5, 8)}, (2, 5, 8)),
-    (ka.TokenAndPositionEmbedding, {"vocab_size": 10, "sequence_length": 8,
+    (ka.TokenAndPositionEmbedding, {"vocabulary_size": 10, "sequence_length": 8,
                                     "embedding_dim": 6, "mask_zero": True},
      {"inputs": rng.integers(0, 10, (2, 5)).astype("int32")}, (2, 5, 6)),
     (ka.AlibiBias, {"symmetric": True}, {"scores": rand(2, 4, 5, 5)}, (2, 4, 5, 5)),
@@ -231,11 +231,9 @@ def test_token_and_position_embedding_adds_the_position_rows():
 @pytest.mark.parametrize("make,arg", [
     (lambda: ka.MultiHead(4, 4, num_key_value_heads=3), "num_key_value_heads"),
     (lambda: ka.MultiHead(4, 4, position_encoding="sinusoidal"), "position_encoding"),
-    (lambda: ka.MultiHead(4, 4, output_dim=5, output_shape=(6,)), "output_shape"),
     (lambda: ka.MultiHead(4, 4, output_shape=(0, 2)), "output_shape"),
     (lambda: ka.MultiHead(4, 4, sliding_window=0), "sliding_window"),
     (lambda: ka.MultiHead(4, 4, use_gate="yes"), "use_gate"),
-    (lambda: ka.LocalMultiHead(4, 4, window=2, sliding_window=4), "sliding_window"),
     (lambda: ka.RotaryEmbedding(scaling_factor=0.5), "scaling_factor"),
     (lambda: ka.RelativePositionBias(num_buckets=1), "num_buckets"),
     (lambda: ka.AlibiBias(max_bias=float("nan")), "max_bias"),

@@ -22,7 +22,7 @@ def twins(cls=ka.MultiHead, implementations=("dense", "chunked"), **kwargs):
     layers = []
     for implementation in implementations:
         extra = {"chunk_size": 3} if implementation == "chunked" else {}
-        layers.append(cls(num_heads=3, key_dim=4, value_dim=5, output_dim=7,
+        layers.append(cls(num_heads=3, key_dim=4, value_dim=5, output_shape=7,
                           implementation=implementation, **extra, **kwargs))
     return layers
 
@@ -210,7 +210,7 @@ def test_fused_self_projections_equal_the_three_products(kwargs, monkeypatch):
     monkeypatch.setattr(tuning, "fused_dense",
                         lambda layers, x: fused_calls.append(len(layers)) or fused_dense(layers, x))
     x = rand(2, 6, 8)
-    layer = ka.MultiHead(num_heads=3, key_dim=4, output_dim=8, **kwargs)
+    layer = ka.MultiHead(num_heads=3, key_dim=4, output_shape=8, **kwargs)
     layer(x)
     call = {"use_causal_mask": True, "query_mask": np.arange(6)[None] < np.array([[6], [4]])}
     d_out = rand(2, 6, 8)

@@ -9,8 +9,9 @@ from backend_utils import as_np, assert_allclose, assert_array_equal
 from reference import log_softmax
 
 from keras_attn.decoding import mask_predict
-from keras_attn.layers import CMLMDecoder, TransformerDecoderBlock
+from keras_attn.layers import AttentionConfig, BlockConfig, TransformerDecoderBlock
 from keras_attn.models import (
+    CMLMDecoder,
     compile_cmlm,
     initialize_from_seq2seq,
     nat_seq2seq,
@@ -23,8 +24,8 @@ MASK = mask_id(TARGET_VOCAB)
 
 
 def tiny_model(max_target_length=MAX_LENGTH, target_vocab=TARGET_VOCAB, source_vocab=SOURCE_VOCAB):
-    return nat_seq2seq(source_vocab, target_vocab, num_layers=1, embed_dim=16, num_heads=2,
-                       ffn_dim=32, dropout=0.0, max_target_length=max_target_length)
+    return nat_seq2seq(source_vocab, target_vocab, num_layers=1, hidden_dim=16, num_heads=2,
+                       intermediate_dim=32, dropout=0.0, max_target_length=max_target_length)
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +80,13 @@ def test_causal_flag_of_the_decoder_block():
     later = x.copy()
     later[:, 4] += 1.0
     for causal, first_changes in ((True, False), (False, True)):
-        block = TransformerDecoderBlock(num_heads=2, ffn_dim=16, causal=causal)
+        block = TransformerDecoderBlock(AttentionConfig(num_heads=2), intermediate_dim=16,
+                                        causal=causal)
         diff = np.abs(as_np(block(later, memory)) - as_np(block(x, memory)))[:, 0].max()
         assert (diff > 1e-5) == first_changes
         assert TransformerDecoderBlock.from_config(block.get_config()).causal == causal
     with pytest.raises(ValueError, match="causal"):
-        TransformerDecoderBlock(num_heads=2, ffn_dim=16, causal="no")
+        TransformerDecoderBlock(AttentionConfig(num_heads=2), intermediate_dim=16, causal="no")
 
 
 def test_save_load_same_outputs_and_translations(model, tmp_path):
@@ -206,11 +208,12 @@ def test_mask_predict_rejects_bad_arguments(model, kwargs, name):
 
 
 def test_bad_models_and_builder_arguments_raise():
-    seq2seq = transformer_seq2seq(10, 10, num_layers=1, embed_dim=8, num_heads=2, ffn_dim=8)
+    seq2seq = transformer_seq2seq(10, 10, num_layers=1, hidden_dim=8, num_heads=2,
+                                  intermediate_dim=8)
     with pytest.raises(ValueError, match="model"):
         mask_predict(seq2seq, sources(), iterations=2)
     with pytest.raises(ValueError, match="max_target_length"):
-        nat_seq2seq(10, 10, num_layers=1, embed_dim=8, num_heads=2, ffn_dim=8)
+        nat_seq2seq(10, 10, num_layers=1, hidden_dim=8, num_heads=2, intermediate_dim=8)
     with pytest.raises(ValueError, match="num_heads"):
         nat_seq2seq(10, 10, 1, 8, 3, 8, 0.0, 5)
     with pytest.raises(ValueError, match="length_loss_weight"):
@@ -220,8 +223,8 @@ def test_bad_models_and_builder_arguments_raise():
 def test_initialize_from_seq2seq_copies_the_teachers_weights():
     keras.utils.set_random_seed(3)
     nat, teacher = tiny_model(), transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1,
-                                                     embed_dim=16, num_heads=2, ffn_dim=32,
-                                                     dropout=0.0)
+                                                     hidden_dim=16, num_heads=2,
+                                                     intermediate_dim=32, dropout=0.0)
     src = sources()
     targets = np.random.default_rng(1).integers(4, TARGET_VOCAB, (4, 5)).astype("int32")
     mask_row = as_np(nat.get_layer("decoder").embedding.token_embedding.embeddings)[MASK]
@@ -248,8 +251,8 @@ def test_initialize_from_seq2seq_copies_the_teachers_weights():
 
 def test_initialize_from_seq2seq_two_pre_ln_blocks_into_a_mixed_precision_nat():
     """Final norms (pre-LN), two blocks each, and float32 variables under `mixed_bfloat16`."""
-    sizes = {"num_layers": 2, "embed_dim": 16, "num_heads": 2, "ffn_dim": 32, "dropout": 0.0,
-             "norm_first": True}
+    sizes = {"num_layers": 2, "hidden_dim": 16, "num_heads": 2, "intermediate_dim": 32,
+             "dropout": 0.0, "normalize_first": True}
     keras.utils.set_random_seed(4)
     teacher = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, **sizes)
     keras.config.set_dtype_policy("mixed_bfloat16")
@@ -275,22 +278,23 @@ def test_initialize_from_seq2seq_two_pre_ln_blocks_into_a_mixed_precision_nat():
 def test_initialize_from_seq2seq_refuses_other_shapes_and_models():
     nat = tiny_model()
     nat([sources(), np.full((4, 3), MASK, "int32")])
-    wider = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, embed_dim=16,
-                                num_heads=2, ffn_dim=64, dropout=0.0)
+    wider = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, hidden_dim=16,
+                                num_heads=2, intermediate_dim=64, dropout=0.0)
     wider([sources(), np.full((4, 3), 5, "int32")])
-    with pytest.raises(ValueError, match="ffn_dim=32.*ffn_dim=64"):
+    with pytest.raises(ValueError, match="intermediate_dim=32.*intermediate_dim=64"):
         initialize_from_seq2seq(nat, wider)
     other_vocab = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB + 1, num_layers=1,
-                                      embed_dim=16, num_heads=2, ffn_dim=32, dropout=0.0)
+                                      hidden_dim=16, num_heads=2, intermediate_dim=32,
+                                      dropout=0.0)
     other_vocab([sources(), np.full((4, 3), 5, "int32")])
-    with pytest.raises(ValueError, match="vocab_size"):
+    with pytest.raises(ValueError, match="vocabulary_size"):
         initialize_from_seq2seq(nat, other_vocab)
-    gelu = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, embed_dim=16,
-                               num_heads=2, ffn_dim=32, dropout=0.0, activation="gelu")
+    gelu = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, hidden_dim=16,
+                               num_heads=2, intermediate_dim=32, dropout=0.0, activation="gelu")
     with pytest.raises(ValueError, match="activation='relu'.*activation='gelu'"):
         initialize_from_seq2seq(nat, gelu)
-    quantized = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, embed_dim=16,
-                                    num_heads=2, ffn_dim=32, dropout=0.0)
+    quantized = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB, num_layers=1, hidden_dim=16,
+                                    num_heads=2, intermediate_dim=32, dropout=0.0)
     quantized.quantize("int8")
     with pytest.raises(ValueError, match="layout|quantized"):
         initialize_from_seq2seq(tiny_model(), quantized)
@@ -505,8 +509,8 @@ def test_cmlm_decoder_contract(tmp_path):
     enc = np.random.default_rng(0).standard_normal((2, 5, 8)).astype("float32")
     out = run_layer_test(
         CMLMDecoder,
-        {"vocab_size": TARGET_VOCAB, "num_layers": 1, "embed_dim": 8, "num_heads": 2,
-         "ffn_dim": 16, "dropout": 0.1},
+        {"vocabulary_size": TARGET_VOCAB, "num_layers": 1, "hidden_dim": 8,
+         "block": BlockConfig(AttentionConfig(num_heads=2), intermediate_dim=16, dropout=0.1)},
         {"inputs": ids, "encoder_outputs": enc,
          "encoder_padding_mask": np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], bool)},
         (2, 4, TARGET_VOCAB),
@@ -522,12 +526,12 @@ def test_length_predictor_contract(tmp_path):
 
     enc = np.random.default_rng(1).standard_normal((3, 5, 8)).astype("float32")
     run_layer_test(
-        LengthPredictor, {"max_length": 6},
+        LengthPredictor, {"max_target_length": 6},
         {"encoder_outputs": enc,
          "padding_mask": np.array([[1] * 5, [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], bool)},
         (3, 7), tmp_path,
     )
-    predictor = LengthPredictor(max_length=6)
+    predictor = LengthPredictor(max_target_length=6)
     assert predictor.compute_output_shape((3, 5, 8)) == (3, 7)
 
 
@@ -538,7 +542,8 @@ def test_bidirectional_decoder_block_contract(tmp_path):
     enc = np.random.default_rng(3).standard_normal((2, 6, 8)).astype("float32")
     run_layer_test(
         TransformerDecoderBlock,
-        {"num_heads": 2, "ffn_dim": 16, "dropout": 0.1, "causal": False},
+        {"attention": AttentionConfig(num_heads=2), "intermediate_dim": 16, "dropout": 0.1,
+         "causal": False},
         {"inputs": x, "encoder_outputs": enc},
         (2, 4, 8),
         tmp_path,

@@ -148,7 +148,7 @@ def test_shifted_block_keeps_wrapped_tokens_apart():
 
 def test_patch_embedding_is_a_linear_map_per_patch():
     images = rand(2, 8, 6, 3)
-    layer = ka.PatchEmbedding(patch_size=2, embed_dim=5, use_norm=False)
+    layer = ka.PatchEmbedding(patch_size=2, hidden_dim=5, use_norm=False)
     out = to_np(layer(images))
     kernel, bias = (to_np(w) for w in layer.projection.weights)  # (2, 2, 3, 5), (5,)
     patches = images.reshape(2, 4, 2, 3, 2, 3).transpose(0, 1, 3, 2, 4, 5)  # (B, 4, 3, p, p, c)
@@ -172,7 +172,7 @@ CONTRACT_CASES = [
     ("swin_block_shifted", ka.SwinBlock, {"num_heads": 2, "window_size": 2, "shift_size": 1,
                                           "mlp_ratio": 2.0, "dropout": 0.1},
      {"inputs": rand(2, 4, 4, 8)}, (2, 4, 4, 8)),
-    ("patch_embedding", ka.PatchEmbedding, {"patch_size": 2, "embed_dim": 8},
+    ("patch_embedding", ka.PatchEmbedding, {"patch_size": 2, "hidden_dim": 8},
      {"inputs": rand(2, 4, 6, 1)}, (2, 2, 3, 8)),
     ("patch_merging", ka.PatchMerging, {"output_dim": 6}, {"inputs": rand(2, 4, 4, 4)},
      (2, 2, 2, 6)),

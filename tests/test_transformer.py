@@ -17,7 +17,12 @@ from backend_utils import (
 from layer_test_utils import run_layer_test
 
 from keras_attn import decoding
-from keras_attn.layers import TransformerDecoderBlock, TransformerEncoderBlock
+from keras_attn.layers import (
+    AttentionConfig,
+    BlockConfig,
+    TransformerDecoderBlock,
+    TransformerEncoderBlock,
+)
 from keras_attn.metrics import MaskedAccuracy, masked_sparse_categorical_crossentropy
 from keras_attn.models import (
     TransformerDecoder,
@@ -28,10 +33,10 @@ from keras_attn.models import (
 NORMS = [pytest.param(False, id="post_ln"), pytest.param(True, id="pre_ln")]
 
 
-def small_model(norm_first=False, num_layers=2, vocab=19, **kwargs):
+def small_model(normalize_first=False, num_layers=2, vocab=19, **kwargs):
     model = transformer_seq2seq(
-        vocab, vocab + 3, num_layers=num_layers, embed_dim=16, num_heads=4, ffn_dim=32,
-        dropout=0.0, norm_first=norm_first, **kwargs,
+        vocab, vocab + 3, num_layers=num_layers, hidden_dim=16, num_heads=4,
+        intermediate_dim=32, dropout=0.0, normalize_first=normalize_first, **kwargs,
     )
     randomize(model)
     return model
@@ -86,7 +91,7 @@ def np_norm(norm_layer):
 def np_sublayer(block, norm_layer, x, fn):
     """Post-LN: LN(x + f(x)); pre-LN: x + f(LN(x))."""
     gamma, beta = np_norm(norm_layer)
-    if block.norm_first:
+    if block.normalize_first:
         return x + fn(np_layer_norm(x, gamma, beta))
     return np_layer_norm(x + fn(x), gamma, beta)
 
@@ -116,26 +121,28 @@ def lengths_mask(lengths, length):
 # ---- the layer contract ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm_first", NORMS)
-def test_encoder_block_contract(norm_first, tmp_path):
+@pytest.mark.parametrize("normalize_first", NORMS)
+def test_encoder_block_contract(normalize_first, tmp_path):
     x = np.random.randn(2, 5, 8).astype("float32")
     pad = lengths_mask([5, 3], 5)
     run_layer_test(
         TransformerEncoderBlock,
-        {"num_heads": 2, "ffn_dim": 16, "dropout": 0.1, "norm_first": norm_first},
+        {"attention": AttentionConfig(num_heads=2), "intermediate_dim": 16, "dropout": 0.1,
+         "normalize_first": normalize_first},
         {"inputs": x, "padding_mask": pad},
         (2, 5, 8),
         tmp_path,
     )
 
 
-@pytest.mark.parametrize("norm_first", NORMS)
-def test_decoder_block_contract(norm_first, tmp_path):
+@pytest.mark.parametrize("normalize_first", NORMS)
+def test_decoder_block_contract(normalize_first, tmp_path):
     x = np.random.randn(2, 4, 8).astype("float32")
     enc = np.random.randn(2, 6, 12).astype("float32")  # encoder size may differ
     run_layer_test(
         TransformerDecoderBlock,
-        {"num_heads": 2, "ffn_dim": 16, "dropout": 0.1, "norm_first": norm_first},
+        {"attention": AttentionConfig(num_heads=2), "intermediate_dim": 16, "dropout": 0.1,
+         "normalize_first": normalize_first},
         {"inputs": x, "encoder_outputs": enc, "encoder_padding_mask": lengths_mask([6, 2], 6)},
         (2, 4, 8),
         tmp_path,
@@ -146,8 +153,9 @@ def test_encoder_stack_contract(tmp_path):
     ids = np.array([[5, 6, 7, 0], [4, 0, 0, 0]], "int32")
     run_layer_test(
         TransformerEncoder,
-        {"vocab_size": 9, "num_layers": 2, "embed_dim": 8, "num_heads": 2, "ffn_dim": 16,
-         "dropout": 0.1, "norm_first": True},
+        {"vocabulary_size": 9, "num_layers": 2, "hidden_dim": 8,
+         "block": BlockConfig(AttentionConfig(num_heads=2), intermediate_dim=16, dropout=0.1,
+                              normalize_first=True)},
         {"inputs": ids},
         (2, 4, 8),
         tmp_path,
@@ -159,8 +167,8 @@ def test_decoder_stack_contract(tmp_path):
     enc = np.random.randn(2, 4, 8).astype("float32")
     run_layer_test(
         TransformerDecoder,
-        {"vocab_size": 11, "num_layers": 2, "embed_dim": 8, "num_heads": 2, "ffn_dim": 16,
-         "dropout": 0.1},
+        {"vocabulary_size": 11, "num_layers": 2, "hidden_dim": 8,
+         "block": BlockConfig(AttentionConfig(num_heads=2), intermediate_dim=16, dropout=0.1)},
         {"inputs": ids, "encoder_outputs": enc, "encoder_padding_mask": lengths_mask([4, 2], 4)},
         (2, 3, 11),
         tmp_path,
@@ -170,19 +178,22 @@ def test_decoder_stack_contract(tmp_path):
 @pytest.mark.parametrize(
     "cls, kwargs, name",
     [
-        (TransformerEncoderBlock, {"num_heads": 0, "ffn_dim": 4}, "num_heads"),
-        (TransformerEncoderBlock, {"num_heads": 2, "ffn_dim": 0}, "ffn_dim"),
-        (TransformerDecoderBlock, {"num_heads": 2, "ffn_dim": 4, "dropout": 1.0}, "dropout"),
-        (TransformerDecoderBlock, {"num_heads": 2, "ffn_dim": 4, "norm_first": 1}, "norm_first"),
-        (TransformerEncoderBlock, {"num_heads": 2, "ffn_dim": 4, "activation": "nope"},
+        (TransformerEncoderBlock, {"attention": 0, "intermediate_dim": 4}, "num_heads"),
+        (TransformerEncoderBlock, {"attention": 2, "intermediate_dim": 0}, "intermediate_dim"),
+        (TransformerDecoderBlock, {"attention": 2, "intermediate_dim": 4, "dropout": 1.0},
+         "dropout"),
+        (TransformerDecoderBlock, {"attention": 2, "intermediate_dim": 4, "normalize_first": 1},
+         "normalize_first"),
+        (TransformerEncoderBlock, {"attention": 2, "intermediate_dim": 4, "activation": "nope"},
          "activation"),
-        (TransformerEncoderBlock, {"num_heads": 2, "ffn_dim": 4, "epsilon": 0}, "epsilon"),
-        (TransformerEncoder, {"vocab_size": 0, "num_layers": 1, "embed_dim": 8, "num_heads": 2,
-                              "ffn_dim": 4}, "vocab_size"),
-        (TransformerDecoder, {"vocab_size": 5, "num_layers": 0, "embed_dim": 8, "num_heads": 2,
-                              "ffn_dim": 4}, "num_layers"),
-        (TransformerDecoder, {"vocab_size": 5, "num_layers": 1, "embed_dim": 10, "num_heads": 4,
-                              "ffn_dim": 4}, "num_heads"),
+        (TransformerEncoderBlock, {"attention": 2, "intermediate_dim": 4,
+                                   "layer_norm_epsilon": 0}, "layer_norm_epsilon"),
+        (TransformerEncoder, {"vocabulary_size": 0, "num_layers": 1, "hidden_dim": 8,
+                              "block": BlockConfig(2, intermediate_dim=4)}, "vocabulary_size"),
+        (TransformerDecoder, {"vocabulary_size": 5, "num_layers": 0, "hidden_dim": 8,
+                              "block": BlockConfig(2, intermediate_dim=4)}, "num_layers"),
+        (TransformerDecoder, {"vocabulary_size": 5, "num_layers": 1, "hidden_dim": 10,
+                              "block": BlockConfig(4, intermediate_dim=4)}, "num_heads"),
     ],
 )
 def test_bad_arguments_name_the_argument(cls, kwargs, name):
@@ -191,8 +202,8 @@ def test_bad_arguments_name_the_argument(cls, kwargs, name):
 
 
 @pytest.mark.parametrize("cls", [TransformerEncoderBlock, TransformerDecoderBlock])
-def test_num_heads_must_divide_embed_dim_at_build(cls):
-    block = cls(num_heads=3, ffn_dim=8)
+def test_num_heads_must_divide_hidden_dim_at_build(cls):
+    block = cls(AttentionConfig(num_heads=3), intermediate_dim=8)
     with pytest.raises(ValueError, match="num_heads=3"):
         block(np.zeros((1, 2, 10), "float32"), *([np.zeros((1, 2, 10), "float32")]
                                                   if cls is TransformerDecoderBlock else []))
@@ -201,9 +212,10 @@ def test_num_heads_must_divide_embed_dim_at_build(cls):
 # ---- numbers against NumPy -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm_first", NORMS)
-def test_encoder_block_matches_numpy(norm_first):
-    block = TransformerEncoderBlock(num_heads=2, ffn_dim=12, norm_first=norm_first)
+@pytest.mark.parametrize("normalize_first", NORMS)
+def test_encoder_block_matches_numpy(normalize_first):
+    block = TransformerEncoderBlock(AttentionConfig(num_heads=2), intermediate_dim=12,
+                                    normalize_first=normalize_first)
     x = np.random.randn(3, 5, 8).astype("float32")
     pad = lengths_mask([5, 2, 4], 5)
     block.build(x.shape)
@@ -213,9 +225,10 @@ def test_encoder_block_matches_numpy(norm_first):
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("norm_first", NORMS)
-def test_decoder_block_matches_numpy(norm_first):
-    block = TransformerDecoderBlock(num_heads=2, ffn_dim=12, norm_first=norm_first)
+@pytest.mark.parametrize("normalize_first", NORMS)
+def test_decoder_block_matches_numpy(normalize_first):
+    block = TransformerDecoderBlock(AttentionConfig(num_heads=2), intermediate_dim=12,
+                                    normalize_first=normalize_first)
     x = np.random.randn(3, 4, 8).astype("float32")
     enc = np.random.randn(3, 6, 8).astype("float32")
     tgt_pad, src_pad = lengths_mask([4, 3, 1], 4), lengths_mask([6, 2, 5], 6)
@@ -239,9 +252,9 @@ def np_positions(length, dim):
     return table
 
 
-@pytest.mark.parametrize("norm_first", NORMS)
-def test_stacks_match_numpy(norm_first):
-    model = small_model(norm_first)
+@pytest.mark.parametrize("normalize_first", NORMS)
+def test_stacks_match_numpy(normalize_first):
+    model = small_model(normalize_first)
     encoder, decoder = model.get_layer("encoder"), model.get_layer("decoder")
     src = np.array([[4, 5, 6, 7, 0], [8, 9, 0, 0, 0]], "int32")
     tgt = np.array([[2, 5, 9, 11], [2, 13, 0, 0]], "int32")
@@ -251,7 +264,7 @@ def test_stacks_match_numpy(norm_first):
         return table[ids] * np.sqrt(16) + np_positions(ids.shape[1], 16)[None]
 
     def finish(stack, x):
-        return np_layer_norm(x, *np_norm(stack.final_norm)) if norm_first else x
+        return np_layer_norm(x, *np_norm(stack.final_norm)) if normalize_first else x
 
     x = embed(encoder, src)
     for block in encoder.blocks:
@@ -267,7 +280,7 @@ def test_stacks_match_numpy(norm_first):
 
 
 def test_implicit_mask_equals_explicit_padding_mask():
-    block = TransformerEncoderBlock(num_heads=2, ffn_dim=12)
+    block = TransformerEncoderBlock(AttentionConfig(num_heads=2), intermediate_dim=12)
     ids = np.array([[3, 4, 5, 0, 0], [6, 7, 8, 9, 1]], "int32")
     embedded = keras.layers.Embedding(10, 8, mask_zero=True)(ids)  # carries the mask
     implicit = to_np(block(embedded))
@@ -278,7 +291,7 @@ def test_implicit_mask_equals_explicit_padding_mask():
 
 
 def test_pre_and_post_ln_differ_and_pre_ln_has_final_norm():
-    post, pre = small_model(norm_first=False), small_model(norm_first=True)
+    post, pre = small_model(normalize_first=False), small_model(normalize_first=True)
     assert [w.path for w in pre.weights if "final_norm" in w.path]
     assert not [w.path for w in post.weights if "final_norm" in w.path]
     assert [w.path for w in post.get_layer("encoder").weights
@@ -291,9 +304,9 @@ def test_pre_and_post_ln_differ_and_pre_ln_has_final_norm():
 # ---- masks at model level ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm_first", NORMS)
-def test_causal_mask_hides_the_future(norm_first):
-    model = small_model(norm_first)
+@pytest.mark.parametrize("normalize_first", NORMS)
+def test_causal_mask_hides_the_future(normalize_first):
+    model = small_model(normalize_first)
     src = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]], "int32")
     tgt = np.array([[2, 5, 9, 11, 12, 7], [2, 13, 14, 15, 16, 17]], "int32")
     base = to_np(model([src, tgt]))
@@ -305,9 +318,9 @@ def test_causal_mask_hides_the_future(norm_first):
         assert np.abs(out[:, t:] - base[:, t:]).max() > 1e-3  # the token does matter
 
 
-@pytest.mark.parametrize("norm_first", NORMS)
-def test_source_padding_is_ignored(norm_first):
-    model = small_model(norm_first)
+@pytest.mark.parametrize("normalize_first", NORMS)
+def test_source_padding_is_ignored(normalize_first):
+    model = small_model(normalize_first)
     src_short = np.array([[4, 5, 6, 0], [8, 9, 0, 0]], "int32")
     src_long = np.pad(src_short, ((0, 0), (0, 5)))  # 5 more padding positions
     tgt = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
@@ -329,9 +342,9 @@ def test_source_padding_is_ignored(norm_first):
 # ---- cached decoding ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm_first", NORMS)
-def test_cached_steps_equal_full_forward(norm_first):
-    model = small_model(norm_first, num_layers=3)
+@pytest.mark.parametrize("normalize_first", NORMS)
+def test_cached_steps_equal_full_forward(normalize_first):
+    model = small_model(normalize_first, num_layers=3)
     encoder, decoder = model.get_layer("encoder"), model.get_layer("decoder")
     src = np.array([[4, 5, 6, 7, 0, 0], [8, 9, 10, 11, 12, 13], [14, 0, 0, 0, 0, 0]], "int32")
     tgt = np.random.randint(4, 22, size=(3, 7)).astype("int32")
@@ -373,7 +386,7 @@ def test_model_structure_and_names():
 
 
 def test_save_load_identical_logits_and_greedy(tmp_path):
-    model = small_model(norm_first=True)
+    model = small_model(normalize_first=True)
     randomize(model, seed=3)  # weights whose greedy output is not constant
     src = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 11, 12]], "int32")
     tgt = np.array([[2, 5, 9, 11], [2, 13, 14, 0]], "int32")
@@ -388,7 +401,7 @@ def test_save_load_identical_logits_and_greedy(tmp_path):
 
 def test_mixed_bfloat16_forward_gives_finite_float32_logits():
     keras.config.set_dtype_policy("mixed_bfloat16")
-    model = small_model(norm_first=False)
+    model = small_model(normalize_first=False)
     assert dtype_of(model.outputs[0]) == "float32"
     assert model.get_layer("decoder").blocks[0].ffn.compute_dtype == "bfloat16"
     # The vocabulary projection runs in bfloat16 too; only its logits are cast to float32.
@@ -419,13 +432,14 @@ def copy_data(n, rng, length=5, symbols=8):
 
 
 @pytest.mark.parametrize(
-    "norm_first",
+    "normalize_first",
     [pytest.param(False, id="post_ln"), pytest.param(True, id="pre_ln", marks=pytest.mark.slow)],
 )
-def test_copy_task_learns(norm_first):
+def test_copy_task_learns(normalize_first):
     rng = np.random.default_rng(0)
-    model = transformer_seq2seq(12, 12, num_layers=1, embed_dim=32, num_heads=2, ffn_dim=64,
-                                dropout=0.0, norm_first=norm_first)
+    model = transformer_seq2seq(12, 12, num_layers=1, hidden_dim=32, num_heads=2,
+                                intermediate_dim=64, dropout=0.0,
+                                normalize_first=normalize_first)
     model.compile(keras.optimizers.Adam(3e-3), loss=masked_sparse_categorical_crossentropy,
                   metrics=[MaskedAccuracy()])
     src, tgt_in, tgt_out = copy_data(2000, rng)

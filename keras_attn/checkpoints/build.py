@@ -26,6 +26,7 @@ import numpy as np
 from keras_attn._checks import check_one_of
 from keras_attn.checkpoints.canonical import check_canonical, check_spec
 from keras_attn.checkpoints.spec import ArchitectureSpec
+from keras_attn.layers import legacy
 from keras_attn.layers.activations import gated_name
 from keras_attn.layers.config import AttentionConfig, BlockConfig
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
@@ -296,8 +297,10 @@ def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = 
     check_spec(spec)
     dtype = spec.dtype if dtype is None else dtype
     check_one_of("dtype", dtype, DTYPES)
-    if "max_length" in kernel:  # keras_attn 0.2's name
-        max_sequence_length = kernel.pop("max_length")
+    max_sequence_length = legacy.rename(  # keras_attn 0.2's name
+        kernel, "build_model", {"max_length": "max_sequence_length"}, said=legacy.said(
+            build_model, max_sequence_length=max_sequence_length)).get(
+        "max_sequence_length", max_sequence_length)
     unknown = sorted(set(kernel) - set(KERNEL_OPTIONS))
     if unknown:
         raise TypeError(f"build_model() got unexpected keyword arguments {unknown}")

@@ -62,11 +62,14 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
         **kwargs,
     ):
         config = kwargs.pop("config", None)  # a stack's `BlockConfig`, made and checked once
-        renamed, fields = legacy.take(kwargs, type(self).__name__)
+        renamed, fields = legacy.take(kwargs, type(self).__name__, said=legacy.said(
+            _TransformerBlock.__init__, intermediate_dim=intermediate_dim,
+            normalize_first=normalize_first, layer_norm_epsilon=layer_norm_epsilon))
         super().__init__(**kwargs)
         if config is None:
             if not isinstance(use_bias, bool):  # earlier releases: names of the parts
-                fields["use_bias"], use_bias = legacy.split_use_bias(use_bias)
+                fields["use_bias"], use_bias = legacy.split_use_bias(use_bias,
+                                                                     type(self).__name__)
             if fields:
                 attention = AttentionConfig.merge(attention, **fields)
             if normalize_first is None:
@@ -214,6 +217,8 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
     def from_config(cls, config):
         config = dict(config)
         renamed, fields = legacy.take(config, cls.__name__, warn=False)  # earlier releases
+        if not isinstance(config.get("use_bias", True), bool):  # names of the parts
+            fields["use_bias"], config["use_bias"] = legacy.split_use_bias(config["use_bias"])
         if renamed.pop("gated_ffn", False):
             renamed["activation"] = gated_name(renamed.get("activation",
                                                            config.get("activation", "relu")))

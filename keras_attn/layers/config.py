@@ -236,6 +236,8 @@ class AttentionConfig:
                                            and value == defaults[name]):
                 continue
             ours = getattr(base, name)
+            if ours == value and not isinstance(value, keras.layers.Layer):
+                continue  # said both ways alike: the configuration stays the object it is
             if ours != defaults[name] and ours != value:
                 raise ValueError(
                     f"Argument `{name}` and the `attention` configuration disagree; give it "

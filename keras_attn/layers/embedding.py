@@ -129,7 +129,10 @@ class TokenEmbedding(QuantizedSublayers, keras.layers.Layer):
                  dropout: float = 0.0, seed: int | None = None,
                  embeddings_initializer="uniform", **kwargs):
         renamed = legacy.rename(kwargs, type(self).__name__, _RENAMED,
-                                warn=not kwargs.pop("_loading", False))
+                                warn=not kwargs.pop("_loading", False), said=legacy.said(
+                                    TokenEmbedding.__init__, vocabulary_size=vocabulary_size,
+                                    hidden_dim=hidden_dim, max_sequence_length=max_sequence_length,
+                                    layer_norm_epsilon=layer_norm_epsilon))
         vocabulary_size = renamed.get("vocabulary_size", vocabulary_size)
         hidden_dim = renamed.get("hidden_dim", hidden_dim)
         max_sequence_length = renamed.get("max_sequence_length", max_sequence_length)
@@ -279,7 +282,8 @@ class TokenAndPositionEmbedding(TokenEmbedding):
                  embeddings_initializer="uniform", **kwargs):
         loading = kwargs.pop("_loading", False)
         vocabulary_size = legacy.rename(kwargs, type(self).__name__, {
-            "vocab_size": "vocabulary_size"}, warn=not loading).get(
+            "vocab_size": "vocabulary_size"}, warn=not loading, said=legacy.said(
+            TokenAndPositionEmbedding.__init__, vocabulary_size=vocabulary_size)).get(
             "vocabulary_size", vocabulary_size)
         check_int("sequence_length", sequence_length, 1)
         check_int("embedding_dim", embedding_dim, 1)
@@ -356,7 +360,10 @@ class OutputHead(QuantizedSublayers, keras.layers.Layer):
                  layer_norm_epsilon: float = 1e-5, kernel_initializer="glorot_uniform",
                  **kwargs):
         renamed = legacy.rename(kwargs, type(self).__name__, _RENAMED,
-                                warn=not kwargs.pop("_loading", False))
+                                warn=not kwargs.pop("_loading", False), said=legacy.said(
+                                    OutputHead.__init__, vocabulary_size=vocabulary_size,
+                                    tie_word_embeddings=tie_word_embeddings,
+                                    layer_norm_epsilon=layer_norm_epsilon))
         vocabulary_size = renamed.get("vocabulary_size", vocabulary_size)
         tie_word_embeddings = renamed.get("tie_word_embeddings", tie_word_embeddings)
         layer_norm_epsilon = renamed.get("layer_norm_epsilon", layer_norm_epsilon)

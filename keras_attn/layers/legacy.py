@@ -1,6 +1,7 @@
 """The argument names of keras_attn 0.1 and 0.2 for blocks, stacks and builders, translated
 to today's: a call that uses them still works for one release, with a DeprecationWarning, and a
-`.keras` file saved with them loads without one.
+`.keras` file saved with them loads without one. An earlier name given beside today's is a
+ValueError (`said`: the caller's parameters given).
 
 | earlier | now |
 |---|---|
@@ -11,6 +12,7 @@ to today's: a call that uses them still works for one release, with a Deprecatio
 | `epsilon` (of a block or stack) | `layer_norm_epsilon` |
 | `tie_embeddings` | `tie_word_embeddings` |
 | `max_length` (a stack's position table) | `max_sequence_length` |
+| `position_encoding="sinusoidal"` or `"learned"` (the decoder-only stack's embedding) | `position_embedding` |
 | `num_heads`, `num_key_value_heads`, `head_dim`, `position_encoding`, `implementation`, `chunk_size`, `sliding_window` of a block or stack | fields of its `attention` (`AttentionConfig`) |
 | `attention_window=d` | `sliding_window=d + 1` |
 | a block's `use_bias` naming attention projections and `"ffn"` | `attention.use_bias` (the projections) and `use_bias` (the FFN) |
@@ -20,6 +22,7 @@ to today's: a call that uses them still works for one release, with a Deprecatio
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 from keras_attn._checks import check_positive_int, warn_deprecated
 from keras_attn.layers.config import PROJECTIONS, AttentionConfig
@@ -37,17 +40,36 @@ RENAMED = {
 ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionConfig))
 
 
-def rename(kwargs: dict, owner: str, mapping: dict, warn: bool = True) -> dict:
+def said(function, **values) -> dict:
+    """The arguments among `values` (today's names of `function`'s parameters, with the values
+    a call received) that differ from their defaults: those the caller gave. `rename` and
+    `take` refuse an earlier name beside one of them (a value equal to its default cannot be
+    told from one not given)."""
+    parameters = inspect.signature(function).parameters
+    return {name: value for name, value in values.items()
+            if value is not parameters[name].default and value != parameters[name].default}
+
+
+def _refuse_both(old: str, new: str, kwargs: dict, said: dict | None) -> None:
+    """A ValueError when `new` was given beside `old` (in `kwargs` or, as a parameter of the
+    caller, in `said`)."""
+    given = dict(said or {}, **kwargs)
+    if new in given:
+        raise ValueError(
+            f"Arguments `{old}` (deprecated) and `{new}` say the same thing; give `{new}` "
+            f"only. Received: {old}={kwargs[old]!r}, {new}={given[new]!r}")
+
+
+def rename(kwargs: dict, owner: str, mapping: dict, warn: bool = True,
+           said: dict | None = None) -> dict:
     """Pop the arguments of `kwargs` (in place) that `mapping` renames (`{old: new}`):
     `{new: value}`, with a DeprecationWarning when `warn`. An argument given under both names
-    is a ValueError."""
+    (the new one in `kwargs` or in `said`, the caller's parameters given: see `said`) is a
+    ValueError."""
     renamed = {}
     for old, new in mapping.items():
         if old in kwargs:
-            if new in kwargs:
-                raise ValueError(
-                    f"Arguments `{old}` (deprecated) and `{new}` say the same thing; give "
-                    f"`{new}` only. Received: {old}={kwargs[old]!r}, {new}={kwargs[new]!r}")
+            _refuse_both(old, new, kwargs, said)
             renamed[new] = kwargs.pop(old)
     if renamed and warn:
         warn_deprecated(f"{owner}: " + "; ".join(
@@ -72,24 +94,30 @@ def _window(attention_window, sliding_window, warn: bool):
     return attention_window + 1
 
 
-def split_use_bias(use_bias):
+def split_use_bias(use_bias, owner: str | None = None):
     """A block's or stack's `use_bias` of earlier releases, a bool or names of attention
     projections, `"ffn"` and `"head"`: `(attention use_bias, FFN use_bias)`. An untied output
-    head now has a bias when the FFN has (`"head"` alone is not expressed)."""
+    head now has a bias when the FFN has (`"head"` alone is not expressed). Names warn of the
+    deprecation when `owner` (the class, for the message) is given."""
     if isinstance(use_bias, bool):
         return use_bias, use_bias
-    names = (use_bias,) if isinstance(use_bias, str) else tuple(use_bias)
+    names = (use_bias,) if isinstance(use_bias, str) else (
+        tuple(use_bias) if isinstance(use_bias, (list, tuple, set, frozenset)) else (use_bias,))
     projections = tuple(name for name in names if name in PROJECTIONS)
     unknown = [name for name in names if name not in PROJECTIONS + ("ffn", "head")]
     if unknown:
         raise ValueError(
             "Received an invalid value for argument `use_bias`, expected a bool or names among "
             f"{PROJECTIONS + ('ffn', 'head')}. Received: use_bias={use_bias!r}")
+    if owner is not None:
+        warn_deprecated(f"{owner}: `use_bias` naming parts is `attention.use_bias` (the "
+                        "projections) and the block's `use_bias` (the FFN) (keras_attn 0.3 "
+                        "names, see CHANGELOG.md).")
     return projections or False, "ffn" in names
 
 
-def take(kwargs: dict, owner: str, warn: bool = True,
-         fields_ok: bool = False) -> tuple[dict, dict]:
+def take(kwargs: dict, owner: str, warn: bool = True, fields_ok: bool = False,
+         said: dict | None = None) -> tuple[dict, dict]:
     """Pop the arguments of earlier releases out of `kwargs` (in place).
 
     Args:
@@ -98,6 +126,8 @@ def take(kwargs: dict, owner: str, warn: bool = True,
         warn: whether to warn (a user's call) or not (a saved config).
         fields_ok: the attention fields are arguments of the caller (the model builders):
             taken without a warning.
+        said: the caller's own parameters that the call gave (`said`): an earlier name of one
+            of them is a ValueError, as in `rename`.
 
     Returns:
         `(renamed, attention)`: today's names for the renamed arguments, and the attention
@@ -110,10 +140,7 @@ def take(kwargs: dict, owner: str, warn: bool = True,
     renamed, attention, used = {}, {}, []
     for old, new in RENAMED.items():
         if old in kwargs:
-            if new in kwargs:
-                raise ValueError(
-                    f"Arguments `{old}` (deprecated) and `{new}` say the same thing; give "
-                    f"`{new}` only. Received: {old}={kwargs[old]!r}, {new}={kwargs[new]!r}")
+            _refuse_both(old, new, kwargs, said)
             renamed[new] = kwargs.pop(old)
             used.append(f"`{old}` is `{new}`")
     for name in ATTENTION_FIELDS:
@@ -121,6 +148,8 @@ def take(kwargs: dict, owner: str, warn: bool = True,
             attention[name] = kwargs.pop(name)
             if not fields_ok:
                 used.append(f"`{name}` is a field of `attention`")
+    if kwargs.get("attention_window", 0) is None:  # saved as "no window": nothing to say
+        kwargs.pop("attention_window")
     if "attention_window" in kwargs:
         attention["sliding_window"] = _window(kwargs.pop("attention_window"),
                                               attention.get("sliding_window"), warn)

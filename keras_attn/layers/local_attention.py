@@ -124,3 +124,11 @@ class LocalMultiHead(MultiHead):
         config["implementation"] = self.implementation
         config["num_global"] = self.num_global
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        window = config.pop("window", None)  # keras_attn 0.1's: loads without a warning
+        if window is not None:
+            config["sliding_window"] = as_int("window", window, 0) + 1
+        return super().from_config(config)

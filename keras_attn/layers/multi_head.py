@@ -164,7 +164,12 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         # attention layers, T5); the configuration keeps its config.
         position = fields.get("position_encoding")
         self.config = AttentionConfig.merge(attention, num_heads=self.num_heads,
-                                            head_dim=self.key_dim, use_bias=use_bias, **fields)
+                                            use_bias=use_bias, **fields)
+        if self.config.head_dim not in (None, self.key_dim):  # a block's, kept unchanged
+            raise ValueError(
+                "Argument `key_dim` and the `attention` configuration's `head_dim` disagree; "
+                f"give it once. Received: key_dim={self.key_dim}, "
+                f"attention.head_dim={self.config.head_dim}")
         self.config.check_dropout(dropout)
         self.check_implementation(self.config)
         self.output_dim, self.output_shape_ = as_output_shape(

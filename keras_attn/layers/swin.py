@@ -390,7 +390,9 @@ class PatchEmbedding(QuantizedSublayers, keras.layers.Layer):
                  layer_norm_epsilon: float = 1e-5, **kwargs):
         renamed = legacy.rename(kwargs, "PatchEmbedding", {
             "embed_dim": "hidden_dim", "epsilon": "layer_norm_epsilon"},
-            warn=not kwargs.pop("_loading", False))
+            warn=not kwargs.pop("_loading", False), said=legacy.said(
+                PatchEmbedding.__init__, hidden_dim=hidden_dim,
+                layer_norm_epsilon=layer_norm_epsilon))
         hidden_dim = renamed.get("hidden_dim", hidden_dim)
         layer_norm_epsilon = renamed.get("layer_norm_epsilon", layer_norm_epsilon)
         super().__init__(**kwargs)

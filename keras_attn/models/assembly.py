@@ -67,15 +67,18 @@ def embeddings_initializer(kernel_initializer):
 _LEGACY_BLOCK_ARGS = ("dropout", "activation", "norm")
 
 
-def legacy_block(kwargs: dict, owner: str, defaults: dict, warn: bool = True):
+def legacy_block(kwargs: dict, owner: str, defaults: dict, warn: bool = True,
+                 said: dict | None = None, block: BlockConfig | None = None):
     """The `BlockConfig` that keras_attn 0.2's flat stack arguments in `kwargs` describe
-    (popped), or None when there are none; `defaults` are the stack's earlier defaults.
+    (popped), or None when there are none; `defaults` are the stack's earlier defaults, `said`
+    its parameters given (`legacy.said`), `block` the one given (then flat arguments are a
+    ValueError).
 
     Returns:
         `(block, renamed)`: the block (or None) and the stack's own renamed arguments
         (`vocabulary_size`, `hidden_dim`, `tie_word_embeddings`).
     """
-    renamed, fields = legacy.take(kwargs, owner, warn)
+    renamed, fields = legacy.take(kwargs, owner, warn, said=said)
     flat = {name: kwargs.pop(name) for name in _LEGACY_BLOCK_ARGS if name in kwargs}
     for name in ("intermediate_dim", "normalize_first", "layer_norm_epsilon", "use_bias"):
         if name in renamed:
@@ -83,6 +86,9 @@ def legacy_block(kwargs: dict, owner: str, defaults: dict, warn: bool = True):
     gated = renamed.pop("gated_ffn", False)
     if not fields and not flat and not gated:
         return None, renamed
+    if block is not None:
+        raise ValueError(f"{owner}: give the blocks' options in `block` only, not also as "
+                         "arguments of keras_attn 0.2.")
     given = dict(defaults)
     attention = dict(given.pop("attention", {}), **fields)
     given.update(flat)
@@ -95,7 +101,7 @@ def legacy_block(kwargs: dict, owner: str, defaults: dict, warn: bool = True):
 
 
 def builder_block(owner: str, kwargs: dict, attention, attention_defaults: dict,
-                  **block) -> BlockConfig:
+                  given: dict | None = None, **block) -> BlockConfig:
     """The `BlockConfig` of a model builder's keywords, made once.
 
     Args:
@@ -109,9 +115,11 @@ def builder_block(owner: str, kwargs: dict, attention, attention_defaults: dict,
         attention_defaults: the builder's own attention keywords (`num_heads`,
             `position_encoding`) with their values; a value left at the builder's default
             gives way to what `attention` says.
+        given: the builder's parameters the call gave (`legacy.said`): their earlier names
+            beside them are a ValueError.
         **block: the block fields the builder takes (with their values).
     """
-    renamed, fields = legacy.take(kwargs, owner, fields_ok=True)
+    renamed, fields = legacy.take(kwargs, owner, fields_ok=True, said=given)
     for name in ("intermediate_dim", "normalize_first", "layer_norm_epsilon", "use_bias"):
         if name in renamed:
             block[name] = renamed.pop(name)
@@ -149,8 +157,11 @@ class _Stack(QuantizedSublayers, keras.layers.Layer):
                  pad_id: int | None = PAD_ID, kernel_initializer="glorot_uniform",
                  seed: int | None = None, **kwargs):
         defaults = kwargs.pop("_legacy_defaults", self.legacy_defaults)
+        said = dict(kwargs.pop("_said", {}), **legacy.said(
+            _Stack.__init__, vocabulary_size=vocabulary_size, hidden_dim=hidden_dim))
         legacy_given, renamed = legacy_block(kwargs, type(self).__name__, defaults,
-                                             warn=not kwargs.pop("_loading", False))
+                                             warn=not kwargs.pop("_loading", False),
+                                             said=said, block=block)
         super().__init__(**kwargs)
         vocabulary_size = renamed.pop("vocabulary_size", vocabulary_size)
         hidden_dim = renamed.pop("hidden_dim", hidden_dim)

@@ -38,7 +38,9 @@ class _BahdanauStack(GRUFields, QuantizedSublayers, keras.layers.Layer):
         **kwargs,
     ):
         renamed = legacy.rename(kwargs, type(self).__name__, _RENAMED,
-                                warn=not kwargs.pop("_loading", False))
+                                warn=not kwargs.pop("_loading", False), said=legacy.said(
+                                    _BahdanauStack.__init__, vocabulary_size=vocabulary_size,
+                                    embedding_dim=embedding_dim))
         vocabulary_size = renamed.get("vocabulary_size", vocabulary_size)
         embedding_dim = renamed.get("embedding_dim", embedding_dim)
         super().__init__(**kwargs)
@@ -346,7 +348,10 @@ def bahdanau_seq2seq(
     """
     renamed = legacy.rename(kwargs, "bahdanau_seq2seq", {
         "source_vocab_size": "source_vocabulary_size",
-        "target_vocab_size": "target_vocabulary_size", "embed_dim": "embedding_dim"})
+        "target_vocab_size": "target_vocabulary_size", "embed_dim": "embedding_dim"},
+        said=legacy.said(bahdanau_seq2seq, source_vocabulary_size=source_vocabulary_size,
+                         target_vocabulary_size=target_vocabulary_size,
+                         embedding_dim=embedding_dim))
     if kwargs:
         raise TypeError(f"bahdanau_seq2seq() got unexpected keyword arguments {sorted(kwargs)}")
     source_vocabulary_size = renamed.get("source_vocabulary_size", source_vocabulary_size)

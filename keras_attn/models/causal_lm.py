@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_attn.layers import legacy
 from keras_attn.layers.config import AttentionConfig
 from keras_attn.models.assembly import builder_block
 from keras_attn.models.decoder_only import TransformerDecoderOnly
@@ -70,16 +71,20 @@ def causal_lm(
     >>> model.compile("adam", keras_attn.metrics.MaskedSequenceLoss())
     >>> tokens = keras_attn.decoding.generate(model, prompt_ids, max_length=64)
     """
-    if "max_length" in kwargs:  # keras_attn 0.2's name of the position table
-        max_sequence_length = kwargs.pop("max_length")
+    said = legacy.said(causal_lm, vocabulary_size=vocabulary_size, hidden_dim=hidden_dim,
+                       intermediate_dim=intermediate_dim, max_sequence_length=max_sequence_length,
+                       tie_word_embeddings=tie_word_embeddings)
+    max_sequence_length = legacy.rename(  # keras_attn 0.2's name of the position table
+        kwargs, "causal_lm", {"max_length": "max_sequence_length"}, said=said).get(
+        "max_sequence_length", max_sequence_length)
     embedded = position_encoding if isinstance(position_encoding, str) and (
         position_encoding in _EMBEDDED) else None
     block = builder_block(
         "causal_lm", kwargs, attention,
         {"num_heads": (num_heads, 4),
          "position_encoding": (None if embedded else position_encoding, "rope")},
-        intermediate_dim=intermediate_dim, dropout=dropout, activation="swiglu", norm="rms",
-        normalize_first=True)
+        given=said, intermediate_dim=intermediate_dim, dropout=dropout, activation="swiglu",
+        norm="rms", normalize_first=True)
     vocabulary_size = kwargs.pop("vocabulary_size", vocabulary_size)
     hidden_dim = kwargs.pop("hidden_dim", hidden_dim)
     tie_word_embeddings = kwargs.pop("tie_word_embeddings", tie_word_embeddings)

@@ -142,7 +142,9 @@ class LengthPredictor(QuantizedSublayers, keras.layers.Layer):
                  kernel_initializer="glorot_uniform", **kwargs):
         max_target_length = legacy.rename(
             kwargs, "LengthPredictor", {"max_length": "max_target_length"},
-            warn=not kwargs.pop("_loading", False)).get("max_target_length", max_target_length)
+            warn=not kwargs.pop("_loading", False), said=legacy.said(
+                LengthPredictor.__init__, max_target_length=max_target_length),
+        ).get("max_target_length", max_target_length)
         super().__init__(**kwargs)
         check_positive_int("max_target_length", max_target_length)
         self.max_target_length = max_target_length

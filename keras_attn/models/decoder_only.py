@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from keras_attn._checks import check_bool, check_int, check_one_of, renamed_argument
+from keras_attn.layers import legacy
 from keras_attn.layers.config import AttentionConfig, BlockConfig  # noqa: F401 - examples
 from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
@@ -85,14 +86,19 @@ class TransformerDecoderOnly(_Stack):
                  tie_word_embeddings: bool = False, **kwargs):
         # keras_attn 0.2 named the embedding's positions `position_encoding` too, and the
         # table's length `max_length`.
-        legacy_defaults = dict(_LEGACY_DEFAULTS)
-        if kwargs.get("position_encoding") in ("sinusoidal", "learned"):
-            position_embedding = kwargs.pop("position_encoding")
+        legacy_defaults, names = dict(_LEGACY_DEFAULTS), {"max_length": "max_sequence_length"}
+        if kwargs.get("position_encoding") in POSITION_EMBEDDINGS[1:]:
+            names["position_encoding"] = "position_embedding"
             legacy_defaults["attention"] = {}
-        if "max_length" in kwargs:
-            max_sequence_length = kwargs.pop("max_length")
+        said = legacy.said(TransformerDecoderOnly.__init__, position_embedding=position_embedding,
+                           max_sequence_length=max_sequence_length,
+                           tie_word_embeddings=tie_word_embeddings)
+        renamed = legacy.rename(kwargs, type(self).__name__, names,
+                                warn=not kwargs.get("_loading", False), said=said)
+        position_embedding = renamed.get("position_embedding", position_embedding)
+        max_sequence_length = renamed.get("max_sequence_length", max_sequence_length)
         super().__init__(vocabulary_size, num_layers, hidden_dim, block,
-                         _legacy_defaults=legacy_defaults, **kwargs)
+                         _legacy_defaults=legacy_defaults, _said=said, **kwargs)
         tie_word_embeddings = self._legacy.pop("tie_word_embeddings", tie_word_embeddings)
         check_one_of("position_embedding", position_embedding, POSITION_EMBEDDINGS)
         check_int("max_sequence_length", max_sequence_length, 1,

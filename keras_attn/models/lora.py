@@ -72,7 +72,7 @@ def enable_lora(model: keras.Layer, rank: int, target_names=DEFAULT_TARGETS,
         ...]`.
 
     Example:
-    >>> model = keras_attn.models.causal_lm(1000, num_layers=2, embed_dim=64, num_heads=4)
+    >>> model = keras_attn.models.causal_lm(1000, num_layers=2, hidden_dim=64, num_heads=4)
     >>> keras_attn.models.enable_lora(model, rank=4)[:1]
     ['decoder/block_0/self_attention/query_dense']
     >>> model.compile("adam", keras_attn.metrics.MaskedSequenceLoss())

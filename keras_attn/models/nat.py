@@ -148,9 +148,17 @@ def compile_cmlm(model: keras.Model, optimizer="adam", length_loss_weight: float
 
 
 # The stack options that must agree for one stack's weights to start another's (the config's
-# values: `activation` as Keras serializes it).
-_MATCHING_OPTIONS = ("vocab_size", "num_layers", "embed_dim", "num_heads", "ffn_dim",
-                     "norm_first", "activation", "epsilon")
+# values, the block's and its attention's included: `activation` as Keras serializes it).
+_MATCHING_OPTIONS = ("vocabulary_size", "num_layers", "hidden_dim", "num_heads",
+                     "intermediate_dim", "normalize_first", "activation", "layer_norm_epsilon")
+
+
+def _options(stack) -> dict:
+    """`_MATCHING_OPTIONS` of `stack`'s config, read in it, its `block` and its attention."""
+    config = stack.get_config()
+    block = config.get("block") or {}
+    flat = {**(block.get("attention") or {}), **block, **config}
+    return {option: flat.get(option) for option in _MATCHING_OPTIONS}
 
 
 def initialize_from_seq2seq(model: keras.Model, seq2seq: keras.Model) -> dict:
@@ -167,8 +175,8 @@ def initialize_from_seq2seq(model: keras.Model, seq2seq: keras.Model) -> dict:
     Args:
         model: a built `nat_seq2seq` model (not quantized), changed in place.
         seq2seq: a built `transformer_seq2seq` model (not quantized) with the same
-            vocabularies, `num_layers`, `embed_dim`, `num_heads`, `ffn_dim`, `norm_first`,
-            `activation` and `epsilon`.
+            vocabularies, `num_layers`, `hidden_dim`, `num_heads`, `intermediate_dim`,
+            `normalize_first`, `activation` and `layer_norm_epsilon`.
 
     Returns:
         A dict: `"copied"`, the number of variables copied, and `"kept"`, the paths of the
@@ -180,10 +188,10 @@ def initialize_from_seq2seq(model: keras.Model, seq2seq: keras.Model) -> dict:
             checked before anything is assigned: a refused call leaves `model` unchanged.
 
     Example:
-    >>> teacher = transformer_seq2seq(100, 120, num_layers=1, embed_dim=32, num_heads=4,
-    ...                               ffn_dim=64)
-    >>> nat = nat_seq2seq(100, 120, num_layers=1, embed_dim=32, num_heads=4, ffn_dim=64,
-    ...                   max_target_length=8)
+    >>> teacher = transformer_seq2seq(100, 120, num_layers=1, hidden_dim=32, num_heads=4,
+    ...                               intermediate_dim=64)
+    >>> nat = nat_seq2seq(100, 120, num_layers=1, hidden_dim=32, num_heads=4,
+    ...                   intermediate_dim=64, max_target_length=8)
     >>> initialize_from_seq2seq(nat, teacher)["kept"]
     ['length_predictor/dense/kernel', 'length_predictor/dense/bias']
     """
@@ -201,13 +209,12 @@ def initialize_from_seq2seq(model: keras.Model, seq2seq: keras.Model) -> dict:
             if not getattr(stack, "built", False) or not hasattr(stack, "blocks"):
                 raise ValueError(f"Argument `{label}` must be built and hold a keras_attn "
                                  f"{part} stack. Received: {part}={stack!r}")
-        mine_config, their_config = ours.get_config(), theirs.get_config()
+        mine_config, their_config = _options(ours), _options(theirs)
         for option in _MATCHING_OPTIONS:
-            if mine_config.get(option) != their_config.get(option):
+            if mine_config[option] != their_config[option]:
                 raise ValueError(
                     f"Argument `seq2seq` must have the NAT's {part} {option}="
-                    f"{mine_config.get(option)!r}. Received: {option}="
-                    f"{their_config.get(option)!r}")
+                    f"{mine_config[option]!r}. Received: {option}={their_config[option]!r}")
         # The one variable whose shape differs: the NAT decoder's token table has the
         # `<mask>` row (id V) after the teacher's V rows.
         mask_table = ours.embedding.token_embedding.embeddings if part == "decoder" else None

@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_attn._checks import renamed_argument
+from keras_attn.layers import legacy
 from keras_attn.layers.base import check_positive_int
 from keras_attn.layers.config import AttentionConfig, BlockConfig
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
@@ -341,9 +342,14 @@ def seq2seq_stacks(owner: str, decoder_class, kwargs: dict, arguments: dict,
     for both, and (`per_stack_initializer`) a given initializer made one per stack (a seeded
     one derives a seed per stack: the stacks' sublayers have the same names, and would start
     as copies)."""
+    # The arguments given (their earlier names beside them are refused); nat_seq2seq has
+    # transformer_seq2seq's defaults.
+    given = legacy.said(transformer_seq2seq, **{name: arguments[name] for name in (
+        "source_vocabulary_size", "target_vocabulary_size", "hidden_dim", "intermediate_dim",
+        "normalize_first")})
     block = builder_block(
         owner, kwargs, arguments["attention"],
-        {"num_heads": (arguments["num_heads"], 4)},
+        {"num_heads": (arguments["num_heads"], 4)}, given=given,
         intermediate_dim=arguments["intermediate_dim"], dropout=arguments["dropout"],
         normalize_first=arguments["normalize_first"])
     sizes = {name: kwargs.pop(name, arguments[name]) for name in (
