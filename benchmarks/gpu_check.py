@@ -266,9 +266,10 @@ def generation(size) -> None:
     layers, dim, heads, ffn, vocab, batch, prompt_len, new = size["gen"]
     total = prompt_len + new
     keras.config.set_dtype_policy("bfloat16")
-    ours = ka.models.causal_lm(vocab, num_layers=layers, embed_dim=dim, num_heads=heads,
-                               ffn_dim=ffn, position_encoding="learned", max_length=total,
-                               norm="layer", activation="gelu_tanh", tie_embeddings=True,
+    ours = ka.models.causal_lm(vocab, num_layers=layers, hidden_dim=dim, num_heads=heads,
+                               intermediate_dim=ffn, position_encoding="learned",
+                               max_sequence_length=total, norm="layer",
+                               activation="gelu_tanh", tie_word_embeddings=True,
                                implementation="auto")
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=vocab, num_layers=layers, num_heads=heads, hidden_dim=dim,

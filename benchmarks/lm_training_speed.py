@@ -60,8 +60,8 @@ def models(length: int, args, implementation: str = "dense"):
     from keras_attn.models import causal_lm
 
     ours = causal_lm(args.vocab_size, args.num_layers, args.dim, args.heads, args.ffn_dim,
-                     position_encoding="learned", max_length=length, norm="layer",
-                     activation="gelu_tanh", tie_embeddings=True,
+                     position_encoding="learned", max_sequence_length=length,
+                     norm="layer", activation="gelu_tanh", tie_word_embeddings=True,
                      implementation=implementation)
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=args.vocab_size, num_layers=args.num_layers, num_heads=args.heads,

@@ -215,12 +215,22 @@ def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: i
     >>> model, tokenizer, spec = from_pretrained("path/to/Llama-3.2-1B", dtype="float32")
     >>> export_checkpoint_generator(model, tokenizer, spec, "runs/llama/saved_model", 256)
     """
-    from keras_attn.checkpoints import generation_ids
     from keras_attn.checkpoints.canonical import check_spec
 
     path = check_new_directory("path", path)
     check_spec(spec)
     check_int("max_length", max_length, 3)
+    return export_causal_lm(model, checkpoint_preprocessor(tokenizer, spec), path, max_length)
+
+
+def checkpoint_preprocessor(tokenizer, spec) -> CausalLMPreprocessor:
+    """The `CausalLMPreprocessor` of a checkpoint's `CheckpointTokenizer` with the ids of its
+    `ArchitectureSpec` (start, end and padding ids), as `export_checkpoint_generator` serves
+    it; a spec of another task than `"causal_lm"` is refused."""
+    from keras_attn.checkpoints import generation_ids
+    from keras_attn.checkpoints.canonical import check_spec
+
+    check_spec(spec)
     if spec.task != "causal_lm":
         raise ValueError(f"Argument `spec` must describe a causal language model. Received: "
                          f"spec.task={spec.task!r}")
@@ -228,4 +238,4 @@ def export_checkpoint_generator(model, tokenizer, spec, path: str, max_length: i
     wrapped = PretrainedTokenizer.from_tokenizer(
         tokenizer, start_token_id=spec.bos_token_id, end_token_ids=ids["stop_token_ids"],
         pad_token_id=ids["pad_id"])
-    return export_causal_lm(model, CausalLMPreprocessor(wrapped), path, max_length)
+    return CausalLMPreprocessor(wrapped)

@@ -18,8 +18,9 @@ tf = pytest.importorskip("tensorflow")
 from keras_attn import decoding
 from keras_attn.checkpoints import from_pretrained, generation_ids
 from keras_attn.export_generator import (
+    checkpoint_preprocessor,
     export_checkpoint_generator,
-    make_checkpoint_generate_fn,
+    make_generate_fn,
 )
 
 # tensorflow-text's package imports tf.keras; its op libraries alone are what the graph needs.
@@ -95,7 +96,7 @@ def test_export_refusals(tmp_path):
 def test_an_empty_batch_of_prompts_gets_empty_outputs():
     """The exported `generate` failed in ArgMax on an empty batch."""
     model, tokenizer, spec = from_pretrained(fx.hf_checkpoint("gpt2"), dtype="float32")
-    generate = tf.function(make_checkpoint_generate_fn(model, tokenizer, spec, 16))
+    generate = tf.function(make_generate_fn(model, checkpoint_preprocessor(tokenizer, spec), 16))
     settings = (tf.constant(4), tf.constant(0.0), tf.constant(0), tf.constant(1.0),
                 tf.constant(0))
     out = generate(tf.constant([], tf.string), *settings)

@@ -270,7 +270,7 @@ def test_translators_are_never_written_over_anything(dates, tmp_path):
     earlier SavedModel's variables mixed with the new ones), and `""` into the working
     directory, as the generators did: every exporter refuses alike."""
     model = transformer_seq2seq(dates.source_vocab_size, dates.target_vocab_size, num_layers=1,
-                                embed_dim=16, num_heads=2, ffn_dim=32)
+                                hidden_dim=16, num_heads=2, intermediate_dim=32)
     check_never_writes_over_anything(lambda path: export_translator(
         model, dates.source_vectorizer, dates.target_vectorizer, path), tmp_path)
     nat = nat_seq2seq(dates.source_vocab_size, dates.target_vocab_size, 1, 16, 2, 32, 0.0,

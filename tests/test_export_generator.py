@@ -16,9 +16,16 @@ from export_utils import check_never_writes_over_anything
 
 import keras_attn as ka
 from keras_attn.export_generator import export_generator, make_generate_fn
+from keras_attn.preprocessing import CausalLMPreprocessor, CharacterTokenizer
 from keras_attn.tokens import RESERVED_TOKENS
 
 VOCABULARY = list(RESERVED_TOKENS) + list(" abcdefghijklmnopqrstuvwxyz")
+
+def char_generate_fn(model, max_length, standardize=None):
+    """The `generate` graph function `export_generator(model, VOCABULARY, ...)` serves."""
+    tokenizer = CharacterTokenizer(VOCABULARY, standardize=standardize)
+    return make_generate_fn(model, CausalLMPreprocessor(tokenizer), max_length)
+
 
 SERVE = """
 import json, sys
@@ -81,7 +88,7 @@ def exported(tmp_path_factory):
 
 def test_served_text_equals_the_same_computation_in_python(exported):
     model, served = exported
-    generate = make_generate_fn(model, VOCABULARY, 32)
+    generate = char_generate_fn(model, 32)
     for name, settings in CASES.items():
         result = generate(tf.constant(settings["prompts"], tf.string),
                           tf.constant(settings["new"]),
@@ -144,7 +151,7 @@ def test_an_empty_batch_of_prompts_gets_empty_outputs(exported):
     """It failed in the graph's ArgMax; its settings are still checked."""
     _, served = exported
     assert served["empty"] == {"text": [], "truncated": [], "context": []}
-    generate = tf.function(make_generate_fn(exported[0], VOCABULARY, 32))
+    generate = tf.function(char_generate_fn(exported[0], 32))
     with pytest.raises(tf.errors.InvalidArgumentError, match="argument `temperature`"):
         generate(tf.constant([], tf.string), tf.constant(5), tf.constant(-1.0),
                  tf.constant(0), tf.constant(1.0), tf.constant(0))
@@ -168,7 +175,7 @@ def test_prompts_are_standardized_as_the_training_text_was():
     def letters(text):
         return tf.strings.regex_replace(tf.strings.lower(text), "[^a-z]+", " ")
 
-    generate = make_generate_fn(model, VOCABULARY, 32, standardize=letters)
+    generate = char_generate_fn(model, 32, standardize=letters)
     out = generate(tf.constant(["The TIME, Traveller!", "the time traveller "]),
                    tf.constant(6), tf.constant(0.0), tf.constant(0), tf.constant(1.0),
                    tf.constant(0))
@@ -188,7 +195,7 @@ def test_bad_vocabularies_are_refused(tmp_path):
 def test_nothing_is_written_over(tmp_path):
     """An existing SavedModel directory was overwritten (its variables mixed with the new
     ones) and `path=""` wrote into the working directory."""
-    model = ka.models.causal_lm(len(VOCABULARY), num_layers=1, embed_dim=8, num_heads=2,
-                                ffn_dim=8)
+    model = ka.models.causal_lm(len(VOCABULARY), num_layers=1, hidden_dim=8, num_heads=2,
+                                intermediate_dim=8)
     check_never_writes_over_anything(
         lambda path: export_generator(model, VOCABULARY, path, 16), tmp_path)

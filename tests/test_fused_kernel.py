@@ -328,13 +328,14 @@ def test_flash_attention_true_is_refused_where_no_flash_kernel_can_run():
 
 def test_multi_head_takes_fused_auto_and_flash_attention_as_keras_does():
     with pytest.raises(ValueError, match="flash_attention"):
-        MultiHead(2, 4, flash_attention=True)  # the dense kernel has no flash
+        MultiHead(2, 4, implementation="dense", flash_attention=True)  # no flash
     with pytest.raises(ValueError, match="flash_attention"):
         MultiHead(2, 4, implementation="fused", flash_attention=True, dropout=0.1)
     with pytest.raises(ValueError, match="flash_attention"):
         MultiHead(2, 4, implementation="auto", flash_attention=1)
     layer = MultiHead(2, 4, implementation="auto", flash_attention=False)
     config = layer.get_config()
-    assert config["implementation"] == "auto" and config["flash_attention"] is False
+    # The attention fields a layer was given travel in its configuration; "auto" is the default.
+    assert config["attention"] == {"flash_attention": False}
     again = MultiHead.from_config(config)
     assert again.implementation == "auto" and again.flash_attention is False

@@ -311,9 +311,9 @@ def test_a_refused_initialization_leaves_the_nat_as_it_was():
     nat([sources(), np.full((4, 3), MASK, "int32")])
     before = [as_np(v) for v in nat.weights]
     other_vocab = transformer_seq2seq(SOURCE_VOCAB, TARGET_VOCAB + 2, num_layers=1,
-                                      embed_dim=16, num_heads=2, ffn_dim=32, dropout=0.0)
+                                      hidden_dim=16, num_heads=2, intermediate_dim=32, dropout=0.0)
     other_vocab([sources(), np.full((4, 3), 5, "int32")])
-    with pytest.raises(ValueError, match="vocab_size|shapes"):
+    with pytest.raises(ValueError, match="vocabulary_size|shapes"):
         initialize_from_seq2seq(nat, other_vocab)
     for variable, value in zip(nat.weights, before):
         assert_array_equal(as_np(variable), value)
