@@ -221,12 +221,15 @@ class CharacterTokenizer(Tokenizer):
         import tensorflow as tf
 
         if self._table is None:
-            self._table = tf.lookup.StaticHashTable(
-                tf.lookup.KeyValueTensorInitializer(
-                    tf.constant(self.vocabulary), tf.range(len(self.vocabulary),
-                                                           dtype=tf.int32)),
-                default_value=UNK_ID)
-            self._words = tf.constant(self.vocabulary)
+            # Made eagerly even when first needed inside a function (a tf.data map, a
+            # tf.function): a table made in that function's graph could not be used after it.
+            with tf.init_scope():
+                self._table = tf.lookup.StaticHashTable(
+                    tf.lookup.KeyValueTensorInitializer(
+                        tf.constant(self.vocabulary), tf.range(len(self.vocabulary),
+                                                               dtype=tf.int32)),
+                    default_value=UNK_ID)
+                self._words = tf.constant(self.vocabulary)
         return self._table
 
     def standardize(self, texts):
