@@ -1,5 +1,6 @@
 """What the benchmarks share: quiet TensorFlow, a run header, side-by-side timing, the GEMM rate,
-and a forward + backward step on whichever backend `KERAS_BACKEND` names.
+a forward + backward step on whichever backend `KERAS_BACKEND` names, and the example scripts'
+own code (`example_module`).
 
 The machines these run on are shared and noisy, so nothing here reports a lone absolute time:
 every contender runs in the same process, in alternating rounds (the order rotates each round,
@@ -9,14 +10,55 @@ ratios of medians. The float32 GEMM rate is measured in the same rounds, as the 
 
 from __future__ import annotations
 
+import ast
 import datetime
+import importlib.util
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples")
+
+
+def example_module(name: str):
+    """`examples/<name>.py`, imported by its path: what only a script holds (its `DEFAULTS`,
+    `MODEL_FLAGS`, `build_model`) and the scripts' argument parsing (`translation_args`,
+    `example_utils`), which stay beside the scripts so that `--help` answers before TensorFlow
+    is imported. The shared code itself is `keras_attn.recipes`.
+
+    The modules it imports from beside it (`from translation_args import ...`) are imported the
+    same way first, under their own names, as when the script runs; the import path is left as
+    it is.
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    path = os.path.join(EXAMPLES, f"{name}.py")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for sibling in names:
+            if os.path.isfile(os.path.join(EXAMPLES, f"{sibling}.py")):
+                example_module(sibling)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def cpu_model() -> str:

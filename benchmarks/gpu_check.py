@@ -2,7 +2,8 @@
 Hugging Face transformers on JAX and torch, printed as one table.
 
     bash benchmarks/gpu_check.sh WHEEL_DIR   # on the GPU machine: installs, then runs this
-    python benchmarks/gpu_check.py --dry-run  # tiny shapes, any machine: the same code
+    bash benchmarks/gpu_check.sh --dry-run   # tiny shapes, any machine: the same code
+    PYTHONPATH=.:tests python benchmarks/gpu_check.py --dry-run  # the same, by hand
 
 Each backend runs in a process of its own (`KERAS_BACKEND`), the 16k memory part in one more:
 
@@ -33,11 +34,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for path in (ROOT, HERE, os.path.join(ROOT, "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+# keras_attn and the tests' helpers (`reference`, `backend_utils`) come from PYTHONPATH, which
+# gpu_check.sh sets to the repository and its tests/; `_common` and `lm_training_speed` are
+# beside this script (Python imports first from a script's own folder, in the workers too).
 
 FULL = {"check": (2, 4, 2, 128, 192, 64), "attn_lengths": (1024, 4096, 16384),
         "attn_tokens": 16384, "attn_dim": 1024, "attn_heads": 16, "dense_up_to": 4096,

@@ -15,6 +15,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 PYTHON=${PYTHON:-python}
+# gpu_check.py imports keras_attn from the repository and the tests' reference helpers from tests/
+export PYTHONPATH="$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}"
 if [ $# -lt 1 ]; then
     echo "usage: bash benchmarks/gpu_check.sh WHEEL_DIR [gpu_check.py options] | --dry-run" >&2
     exit 2
@@ -48,7 +50,7 @@ if "$PYTHON" -m pip --version > /dev/null 2>&1; then
 else  # no pip: a wheel is a zip archive laid out for site-packages
     for wheel in "${found[@]}"; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
 fi
-export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT:$SITE:$PYTHONPATH"
 for backend in jax torch; do
     KERAS_BACKEND=$backend "$PYTHON" -c "import keras, keras_hub, keras_attn; \
 print('$backend: keras', keras.__version__, 'keras_hub', keras_hub.__version__)" 2>&1 | tail -n 1

@@ -25,8 +25,6 @@ import resource
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from _common import GIB, header, median, rss_bytes, run_measured
 
 IMPLS = ("dense", "chunked")

@@ -22,10 +22,6 @@ with that `keras_attn.tuning` switch changed (what a switch is worth, side by si
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np
 from _common import header, median, time_alternating

@@ -32,14 +32,12 @@ import argparse
 import json
 import os
 import shlex
-import sys
 import tempfile
 import time
 
-from _common import header
+from _common import example_module, header
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 DATA = os.path.join(HERE, "..", "..", "shared", "data", "fra-eng.txt")
 
 
@@ -149,7 +147,7 @@ def keras_hub_translate(model, data):
 def check_same_data(data, example_args, runs) -> None:
     """Stops unless every run directory's model learned this data (same split and
     vocabularies): another split would score pairs its model trained on."""
-    from translation_common import data_options
+    from keras_attn.recipes.translation import data_options
 
     ours = data_options(example_args, data)
     for run in runs:
@@ -167,7 +165,10 @@ def check_same_data(data, example_args, runs) -> None:
 def at_length_penalty(run: str, example_args) -> float:
     """The length penalty the AT's beam ranks with: `--length-penalty` when `--example-args`
     gives it, else the one the run ranked with (its metrics.json, when there is one)."""
-    from translation_common import DEFAULT_LENGTH_PENALTY, run_length_penalty
+    from keras_attn.recipes.translation import (
+        DEFAULT_LENGTH_PENALTY,
+        run_length_penalty,
+    )
 
     if "length_penalty" in example_args.given:
         return example_args.length_penalty
@@ -180,16 +181,16 @@ def at_length_penalty(run: str, example_args) -> float:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from example_utils import import_tensorflow_quietly
-
-    import_tensorflow_quietly()
+    example_module("example_utils").import_tensorflow_quietly()
     import keras
-    from transformer_translation import DEFAULTS, MODEL_FLAGS
-    from translation_common import load_data
-    from translation_common import parse_args as parse_example_args
 
     from keras_attn.data.pairs import preprocess
     from keras_attn.export import export_nat_translator, export_translator
+    from keras_attn.recipes.translation import load_data
+
+    example = example_module("transformer_translation")
+    DEFAULTS, MODEL_FLAGS = example.DEFAULTS, example.MODEL_FLAGS
+    parse_example_args = example_module("translation_args").parse_args
 
     header("Serving English-French translators through their SavedModels")
     exports = tempfile.mkdtemp(prefix="serve_translate_")

@@ -34,7 +34,6 @@ import argparse
 import hashlib
 import os
 import random
-import sys
 import tempfile
 import time
 
@@ -115,6 +114,18 @@ def ordinary_text(rng: random.Random, length: int) -> str:
         words = file.read().split()
     start = rng.randrange(len(words) - length)
     return " ".join(words[start:start + length])[:length]
+
+
+def _tests_module(name: str):
+    """`tests/<name>.py`, imported by its path (the tests' fixtures are no package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests",
+                        f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv=None) -> None:
@@ -229,9 +240,7 @@ def main(argv=None) -> None:
             note = f"{hub_time * 1000:.0f} ms at {args.hub_length:,} characters"
             rows[-1] = (*rows[-1][:3], note)
     # decode: the 256 sentences' ids, every kind
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
-                                    "tests"))
-    import checkpoint_fixtures
+    checkpoint_fixtures = _tests_module("checkpoint_fixtures")
 
     decoders = {"byte-level BPE (GPT-2)": (ours["gpt2"], refs["gpt2"], True)}
     for kind, label in (("sentencepiece", "SentencePiece (Llama 2)"),

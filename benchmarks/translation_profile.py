@@ -25,15 +25,13 @@ import collections
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 import time
 
-from _common import header
+from _common import example_module, header
 from profile_step import op_times
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 DATA = os.path.join(HERE, "..", "..", "shared", "data", "fra-eng.txt")
 
 # First match wins: op names carry the layer path, gradient ops included ("gradient_tape/...").
@@ -81,16 +79,16 @@ def main(argv=None) -> None:
     own = parse_args(argv)
     if not os.path.exists(own.data):
         raise SystemExit(f"no data at {own.data}: pass --data fra-eng.txt")
-    from example_utils import import_tensorflow_quietly
-
-    import_tensorflow_quietly()
+    example_module("example_utils").import_tensorflow_quietly()
     import keras
     import numpy as np
     import tensorflow as tf
-    from transformer_translation import DEFAULTS, MODEL_FLAGS, build_model
-    from translation_common import compile_translator, load_data
-    from translation_common import parse_args as example_args
 
+    from keras_attn.recipes.translation import compile_translator, load_data
+
+    example = example_module("transformer_translation")
+    DEFAULTS, MODEL_FLAGS, build_model = example.DEFAULTS, example.MODEL_FLAGS, example.build_model
+    example_args = example_module("translation_args").parse_args
     args = example_args("profile", DEFAULTS, ["--data", own.data, "--out", tempfile.mkdtemp(),
                                               *shlex.split(own.example_args)], MODEL_FLAGS)
     header("One epoch of English-French training: where the time goes")

@@ -39,13 +39,11 @@ import argparse
 import json
 import os
 import shlex
-import sys
 import time
 
-from _common import header
+from _common import example_module, header
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 DATA = os.path.join(HERE, "..", "..", "shared", "data", "fra-eng.txt")
 
 
@@ -174,15 +172,18 @@ def keras_hub_recipe(data):
 def run_keras_attn(example_argv, budgets, split, out):
     """One `--time-budget` run of the example per budget, each scored at its end."""
     import keras
-    from transformer_translation import DEFAULTS, MODEL_FLAGS, build_model
-    from translation_common import (
+
+    from keras_attn.recipes.translation import (
         compile_translator,
         fit_plan,
         load_data,
-        parse_args,
         training_dataset,
         translate,
     )
+
+    example = example_module("transformer_translation")
+    DEFAULTS, MODEL_FLAGS, build_model = example.DEFAULTS, example.MODEL_FLAGS, example.build_model
+    parse_args = example_module("translation_args").parse_args
 
     args = parse_args("keras_attn", DEFAULTS, example_argv + ["--time-budget", "1"],
                       MODEL_FLAGS)
@@ -225,8 +226,12 @@ def run_keras_attn(example_argv, budgets, split, out):
 
 def run_keras_hub(example_argv, budgets, split, out):
     import keras
-    from transformer_translation import DEFAULTS, MODEL_FLAGS
-    from translation_common import load_data, parse_args
+
+    from keras_attn.recipes.translation import load_data
+
+    example = example_module("transformer_translation")
+    DEFAULTS, MODEL_FLAGS = example.DEFAULTS, example.MODEL_FLAGS
+    parse_args = example_module("translation_args").parse_args
 
     args = parse_args("keras_hub", DEFAULTS, example_argv + ["--tokenizer", "word"], MODEL_FLAGS)
     keras.backend.clear_session()
@@ -276,9 +281,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"no data at {args.data}: pass --data fra-eng.txt")
     header("Translation: BLEU against training seconds, keras_attn and the keras-hub recipe")
     print(f"load average at the start: {load_average()}", flush=True)
-    from example_utils import import_tensorflow_quietly
-
-    import_tensorflow_quietly()
+    example_module("example_utils").import_tensorflow_quietly()
     os.makedirs(args.out, exist_ok=True)
     example_argv = ["--data", args.data, "--out", os.path.join(args.out, "unused"),
                     "--overwrite", *shlex.split(args.example_args)]

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from example_utils import rate
-from translation_common import parse_args, run
+from example_utils import import_tensorflow_quietly, rate
+from translation_args import parse_args
 
 DEFAULTS = {
     "dates": {"num_examples": 20000, "epochs": 10, "batch_size": 128, "learning_rate": 3e-3,
@@ -55,6 +55,9 @@ def build_model(data, args):
 
 def main(argv=None) -> dict:
     args = parse_args(__doc__.splitlines()[0], DEFAULTS, argv, MODEL_FLAGS, USAGE)
+    import_tensorflow_quietly()
+    from keras_attn.recipes.translation import run
+
     return run("bahdanau", args, build_model, DEFAULTS)
 
 

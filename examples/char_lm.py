@@ -139,12 +139,7 @@ def read_book(path: str) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from example_utils import (
-        check_run_dirs,
-        fit_verbosity,
-        import_tensorflow_quietly,
-        write_export,
-    )
+    from example_utils import check_run_dirs, import_tensorflow_quietly
 
     export_dir = os.path.join(args.out, "saved_model")
     reason = check_run_dirs(args.out, export_dir, args.overwrite)
@@ -157,6 +152,7 @@ def main(argv=None) -> dict:
 
     import keras_attn as ka
     from keras_attn.export_generator import export_generator
+    from keras_attn.recipes.runtime import fit_verbosity, write_export
     from keras_attn.tokens import BOS_ID, RESERVED_TOKENS, UNK_ID
     from keras_attn.viz import plot_history, show_heatmaps
 

@@ -29,15 +29,11 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from example_utils import (
     HelpFormatter,
     check_run_dirs,
-    clear_export_dir,
-    fit_verbosity,
     import_tensorflow_quietly,
     number,
     positive,
@@ -141,6 +137,7 @@ def main(argv=None) -> dict:
     import_tensorflow_quietly()
     import keras
 
+    from keras_attn.recipes.runtime import clear_export_dir, fit_verbosity
     from keras_attn.tasks import CausalLM
 
     keras.utils.set_random_seed(args.seed)

@@ -37,22 +37,12 @@ import os
 import sys
 import time
 
-from example_utils import fit_verbosity, import_tensorflow_quietly, write_export
+from example_utils import import_tensorflow_quietly
 from transformer_translation import MODEL_FLAGS
-from translation_common import (
-    TASK_NAMES,
-    data_options,
-    fit_plan,
-    held_out_scores,
-    load_and_describe,
-    optimizer,
-    parse_args,
-    print_samples,
-    save_vocabularies,
-    serve_and_compare,
-    served_inputs,
-    short_run_note,
-)
+from translation_args import TASK_NAMES, parse_args
+
+# The shared translation code (`keras_attn.recipes.translation`) imports TensorFlow: the
+# functions below import it when called, after `main` has parsed the arguments.
 
 DEFAULTS = {
     "dates": {"num_examples": 20000, "epochs": 12, "batch_size": 128, "learning_rate": 2e-3,
@@ -135,6 +125,8 @@ def token_counts(vectorizer, texts: list[str]):
 
 def teacher_metrics(data, args) -> dict:
     """The teacher run's metrics.json; exits when it was trained on other data options."""
+    from keras_attn.recipes.translation import data_options
+
     with open(os.path.join(args.teacher, "metrics.json")) as f:
         teacher = json.load(f)
     ours = data_options(args, data)
@@ -177,7 +169,11 @@ def distilled_pairs(data, args, teacher: dict) -> tuple[list, dict]:
     `teacher` is the teacher's metrics (`teacher_metrics`)."""
     import hashlib
 
-    from translation_common import run_length_penalty, translate
+    from keras_attn.recipes.translation import (
+        data_options,
+        run_length_penalty,
+        translate,
+    )
 
     ours = data_options(args, data)
     sources = [source for source, _ in data.train]
@@ -256,6 +252,8 @@ def translate(model, data, sources: list[str], iterations: int, length_beam: int
 def score(model, data, pairs, iterations: int, length_beam: int) -> tuple[dict, list]:
     """`held_out_scores` after `iterations` rounds with the decoding time, and
     `(source, prediction, reference)` for each pair."""
+    from keras_attn.recipes.translation import held_out_scores
+
     references = [data.target_joiner.join(target.split()) for _, target in pairs]
     start = time.perf_counter()
     predictions = translate(model, data, [s for s, _ in pairs], iterations, length_beam)
@@ -269,6 +267,8 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
     """Exports the translator, serves `raw_texts` and odd inputs with the reloaded SavedModel,
     prints them, and compares them with the same computation in Python."""
     from keras_attn.export import export_nat_translator, make_nat_translate_fn
+    from keras_attn.recipes.runtime import write_export
+    from keras_attn.recipes.translation import serve_and_compare, served_inputs
 
     options = {"iterations": args.iterations, "length_beam": args.length_beam,
                **data.text_options}
@@ -311,6 +311,16 @@ def main(argv=None) -> dict:
     from keras_attn.data.nat import make_cmlm_dataset
     from keras_attn.decoding.mask_predict import check_mask_predict_args
     from keras_attn.models import compile_cmlm
+    from keras_attn.recipes.runtime import fit_verbosity
+    from keras_attn.recipes.translation import (
+        data_options,
+        fit_plan,
+        load_and_describe,
+        optimizer,
+        print_samples,
+        save_vocabularies,
+        short_run_note,
+    )
     from keras_attn.viz import plot_history
 
     keras.utils.set_random_seed(args.seed)

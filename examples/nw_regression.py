@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 from example_utils import (
     check_run_dirs,
-    fit_verbosity,
     import_tensorflow_quietly,
     positive,
 )
@@ -83,6 +82,7 @@ def main(argv=None) -> dict:
 
     from keras_attn.data.nw import make_kernel_regression_data
     from keras_attn.layers import NWPooling
+    from keras_attn.recipes.runtime import fit_verbosity
     from keras_attn.viz import plot_history, plot_kernel_reg, show_heatmaps
 
     os.makedirs(args.out, exist_ok=True)

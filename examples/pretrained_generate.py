@@ -19,17 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from example_utils import (
     HelpFormatter,
     check_run_dirs,
     import_tensorflow_quietly,
     non_negative,
     number,
-    write_export,
 )
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -138,6 +135,7 @@ def main(argv=None) -> dict:
         raise SystemExit(problem)
     import_tensorflow_quietly()
     from keras_attn.checkpoints import from_pretrained
+    from keras_attn.recipes.runtime import write_export
 
     start = time.perf_counter()
     model, tokenizer, spec = from_pretrained(args.checkpoint, dtype=args.dtype)

@@ -23,10 +23,8 @@ from typing import TYPE_CHECKING
 
 from example_utils import (
     check_run_dirs,
-    fit_verbosity,
     import_tensorflow_quietly,
     positive,
-    write_export,
 )
 
 if TYPE_CHECKING:
@@ -154,6 +152,8 @@ def export_and_check(model: keras.Model, export_dir: str, x_test) -> float:
     import numpy as np
     import tensorflow as tf
 
+    from keras_attn.recipes.runtime import write_export
+
     write_export(export_dir, lambda path: model.export(path, verbose=False))
     reloaded = tf.saved_model.load(export_dir)
     served = reloaded.serve(tf.constant(x_test)).numpy()
@@ -166,6 +166,7 @@ def main(argv=None) -> dict:
     import keras
     import numpy as np
 
+    from keras_attn.recipes.runtime import fit_verbosity
     from keras_attn.viz import plot_history
 
     os.makedirs(args.out, exist_ok=True)

@@ -1,7 +1,10 @@
 """The command line of the translation examples: every option, its per-task default, and the
 combinations refused before anything runs.
 
-`parse_args` is re-exported by `translation_common`, which the example scripts import.
+Only argparse: the scripts parse their arguments with it before importing TensorFlow, then
+hand them to `keras_attn.recipes.translation.run`. The constants below that the recipe also
+uses (`DEFAULT_LENGTH_PENALTY`, `TASK_NAMES` and the time-budget fractions) are copies of
+`keras_attn.recipes.translation`'s, for `--help`; a test checks that they agree.
 """
 
 from __future__ import annotations

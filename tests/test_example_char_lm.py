@@ -3,12 +3,9 @@ normalized), `--help`, the missing-data messages, and (slow) the default run's q
 
 import json
 import os
-import sys
 
-import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
 import char_lm
+import pytest
 
 pytestmark = pytest.mark.tf_only  # tf.data, SavedModels, the examples
 

@@ -4,14 +4,11 @@ same labels; it never replaces an earlier run without --overwrite."""
 
 import json
 import os
-import sys
 
+import classify_text
 import keras
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
-import classify_text
 
 pytestmark = pytest.mark.tf_only  # the tokenizer's TF ops, the SavedModel
 

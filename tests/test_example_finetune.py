@@ -4,14 +4,10 @@ model.keras and a SavedModel that continue a prompt as the fine-tuned model does
 replaces an earlier run without --overwrite."""
 
 import json
-import os
-import sys
 
+import finetune_lm
 import keras
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
-import finetune_lm
 
 pytestmark = pytest.mark.tf_only  # the tokenizer's TF ops, the SavedModel
 

@@ -4,7 +4,6 @@ sane numbers."""
 import importlib.util
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -17,8 +16,8 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
 def load_example(name):
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))  # as when the script runs: example_utils is beside it
+    """A fresh copy of the script (its siblings, such as example_utils, come from `examples/`
+    on the tests' path: setup.cfg's `pythonpath`)."""
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -13,8 +13,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-sys.path.insert(0, str(EXAMPLES))  # as when a script runs: example_utils is beside it
 
+# The scripts and example_utils, beside them, come from `examples/` on the tests' path
+# (setup.cfg's `pythonpath`), as when a script runs.
 import example_utils
 
 SCRIPTS = ("bahdanau_translation", "char_lm", "nat_translation", "nw_regression",
@@ -83,8 +84,7 @@ BLOCKED = """
 import runpy, sys
 for name in ("tensorflow", "keras", "jax", "torch"):
     sys.modules[name] = None  # importing any of them now raises ImportError
-sys.path.insert(0, sys.argv[1])
-sys.argv = [sys.argv[2], "--help"]
+sys.argv = [sys.argv[1], "--help"]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -93,11 +93,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_help_answers_before_tensorflow_is_imported(script):
     """`nw_regression.py --help` and `swin_digits.py --help` took 17-19 s: they imported
     TensorFlow before parsing. Every script answers `--help` with TensorFlow, Keras, JAX and
-    torch unimportable."""
+    torch unimportable. (`runpy.run_path` does not put the script's folder on the path as
+    `python SCRIPT` does: PYTHONPATH gives it.)"""
     result = subprocess.run(
-        [sys.executable, "-c", BLOCKED, str(EXAMPLES), str(EXAMPLES / f"{script}.py")],
+        [sys.executable, "-c", BLOCKED, str(EXAMPLES / f"{script}.py")],
         capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLES), str(ROOT)])})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("usage:")
 
@@ -134,6 +135,8 @@ def test_nw_regression_refuses_to_replace_an_earlier_run(tmp_path):
 
 
 def test_fit_prints_a_line_per_epoch_unless_stdout_is_a_terminal(monkeypatch):
+    from keras_attn.recipes.runtime import fit_verbosity
+
     class Stream:
         def __init__(self, tty):
             self.tty = tty
@@ -142,23 +145,24 @@ def test_fit_prints_a_line_per_epoch_unless_stdout_is_a_terminal(monkeypatch):
             return self.tty
 
     monkeypatch.setattr(sys, "stdout", Stream(False))
-    assert example_utils.fit_verbosity() == 2  # a log file: one line per epoch
+    assert fit_verbosity() == 2  # a log file: one line per epoch
     monkeypatch.setattr(sys, "stdout", Stream(True))
-    assert example_utils.fit_verbosity() == 1  # a terminal: the progress bar
+    assert fit_verbosity() == 1  # a terminal: the progress bar
 
 
 def test_every_example_fit_asks_fit_verbosity():
     """The progress bar filled redirected logs with 427 KB of control characters: every
-    `fit` of the examples takes `verbose=fit_verbosity()`."""
+    `fit` of the examples (and of the translation recipe they share) takes
+    `verbose=fit_verbosity()`."""
     calls = []
-    for path in sorted(EXAMPLES.glob("*.py")):
+    for path in sorted([*EXAMPLES.glob("*.py"), *(ROOT / "keras_attn" / "recipes").glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "fit":
                 verbose = [k.value for k in node.keywords if k.arg == "verbose"]
                 calls.append((path.name, ast.unparse(verbose[0]) if verbose else None))
     assert {name for name, _ in calls} >= {"char_lm.py", "nat_translation.py",
                                            "nw_regression.py", "swin_digits.py",
-                                           "translation_common.py"}
+                                           "translation.py"}
     assert all(verbose == "fit_verbosity()" for _, verbose in calls), calls
 
 
@@ -173,6 +177,8 @@ def saved_model(path: pathlib.Path, content: bytes) -> pathlib.Path:
 def test_an_export_that_fails_leaves_the_earlier_saved_model(tmp_path):
     """`--overwrite` deleted the earlier SavedModel before exporting; an export that then
     failed (a bad --max-length) left nothing."""
+    from keras_attn.recipes.runtime import write_export
+
     export_dir = saved_model(tmp_path / "saved_model", b"earlier")
 
     def failing(path):
@@ -180,7 +186,7 @@ def test_an_export_that_fails_leaves_the_earlier_saved_model(tmp_path):
         raise ValueError("Argument `max_length` must leave room ...")
 
     with pytest.raises(ValueError, match="max_length"):
-        example_utils.write_export(str(export_dir), failing)
+        write_export(str(export_dir), failing)
     assert sorted(os.listdir(tmp_path)) == ["saved_model"]  # no staging directory left
     assert (export_dir / "saved_model.pb").read_bytes() == b"earlier"
     assert (export_dir / "variables" / "variables.index").read_bytes() == b"earlier"
@@ -188,10 +194,10 @@ def test_an_export_that_fails_leaves_the_earlier_saved_model(tmp_path):
     def writing(path):
         (pathlib.Path(path) / "saved_model.pb").write_bytes(b"new")
 
-    example_utils.write_export(str(export_dir), writing)
+    write_export(str(export_dir), writing)
     assert sorted(os.listdir(tmp_path)) == ["saved_model"]
     assert sorted(os.listdir(export_dir)) == ["saved_model.pb"]  # nothing stale kept
     assert (export_dir / "saved_model.pb").read_bytes() == b"new"
     fresh = tmp_path / "run" / "saved_model"  # a first export: the directories are made
-    example_utils.write_export(str(fresh), writing)
+    write_export(str(fresh), writing)
     assert (fresh / "saved_model.pb").read_bytes() == b"new"

@@ -3,13 +3,10 @@ reports its speed, and exports a `generate` SavedModel giving the same greedy te
 
 import json
 import os
-import sys
 
 import checkpoint_fixtures as fx
-import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
 import pretrained_generate
+import pytest
 
 pytestmark = pytest.mark.tf_only  # the tokenizer's TF ops, the SavedModel
 

@@ -41,17 +41,12 @@ def run_example(script, tmp_path, *args, check=True, out=None):
     return result, out
 
 
-def examples_module(name: str, directory=EXAMPLES):
-    """Imports `name` from the examples (or `directory`) as the scripts see their siblings."""
+def examples_module(name: str):
+    """Imports `name` from `examples/` or `benchmarks/` (on the tests' path: setup.cfg's
+    `pythonpath`), as the scripts see their siblings."""
     import importlib
 
-    sys.path.insert(0, str(EXAMPLES))
-    sys.path.insert(0, str(directory))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(directory))
-        sys.path.remove(str(EXAMPLES))
+    return importlib.import_module(name)
 
 
 def check_outputs(out, export=None):
@@ -104,11 +99,22 @@ def test_help_shows_every_default_the_model_flags_and_the_date_formats():
 
 
 def test_help_lists_the_formats_of_the_dates_module():
-    translation_common = examples_module("translation_common")
+    translation_args = examples_module("translation_args")
     from keras_attn.data.dates import FORMATS, describe_formats
 
-    assert translation_common.DATES_HELP == describe_formats()
+    assert translation_args.DATES_HELP == describe_formats()
     assert f"reads {len(FORMATS)} formats" in describe_formats()
+
+
+def test_help_states_the_recipes_constants():
+    """`translation_args` keeps copies of the recipe's constants for `--help` (it must not
+    import TensorFlow): they are the ones `keras_attn.recipes.translation` runs with."""
+    from keras_attn.recipes import translation
+
+    translation_args = examples_module("translation_args")
+    for name in ("DEFAULT_LENGTH_PENALTY", "TASK_NAMES", "DECAY_FRACTION", "WARMUP_FRACTION",
+                 "AVERAGE_FRACTION"):
+        assert getattr(translation_args, name) == getattr(translation, name), name
 
 
 def test_a_run_never_replaces_an_earlier_run(tmp_path):
@@ -344,8 +350,8 @@ def test_the_length_penalty_reaches_every_beam_that_scores(monkeypatch):
     import numpy as np
 
     from keras_attn import decoding
+    from keras_attn.recipes import translation as common
 
-    common = examples_module("translation_common")
     seen = []
 
     def generate(model, ids, max_length, *, sampler):
@@ -375,12 +381,12 @@ def test_the_length_penalty_reaches_every_beam_that_scores(monkeypatch):
 def test_serving_ranks_the_at_beam_as_its_run_did(tmp_path):
     """benchmarks/serve_translate.py: `--length-penalty` in --example-args wins, else the
     run's metrics.json, else (runs from before the option, or no metrics) the old 0.6."""
-    serve = examples_module("serve_translate", ROOT / "benchmarks")
-    common = examples_module("translation_common")
+    serve = examples_module("serve_translate")
+    translation_args = examples_module("translation_args")
     at = examples_module("transformer_translation")
 
     def example_args(*flags):
-        return common.parse_args("serve", at.DEFAULTS, ["--data", "pairs.txt",
+        return translation_args.parse_args("serve", at.DEFAULTS, ["--data", "pairs.txt",
                                                         "--out", str(tmp_path / "x"), *flags],
                                  at.MODEL_FLAGS)
 
@@ -398,7 +404,7 @@ def test_serving_speed_is_measured_side_by_side(monkeypatch, capsys):
     """benchmarks/serve_translate.py: every sentence (and every batch of 256) goes to each
     translator in turn, the order reversed each time, so a machine that slows down halfway
     slows all of them alike and the ratios stay those of the translators' own costs."""
-    serve = examples_module("serve_translate", ROOT / "benchmarks")
+    serve = examples_module("serve_translate")
     clock = [0.0]
     monkeypatch.setattr(serve.time, "perf_counter", lambda: clock[0])
     calls = []
@@ -429,11 +435,11 @@ def test_serving_speed_is_measured_side_by_side(monkeypatch, capsys):
 
 
 def budget_callback_with_a_clock(monkeypatch, start: float):
-    """`example_utils.time_budget_callback` and the clock `[seconds]` its `perf_counter`
-    reads (a test moves it)."""
+    """`keras_attn.recipes.runtime.time_budget_callback` and the clock `[seconds]` its
+    `perf_counter` reads (a test moves it)."""
     import time
 
-    time_budget_callback = examples_module("example_utils").time_budget_callback
+    from keras_attn.recipes.runtime import time_budget_callback
     clock = [start]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     return time_budget_callback, clock
@@ -519,10 +525,12 @@ def test_time_budget_averages_the_last_checkpoints(monkeypatch):
 
 
 def budget_rates(monkeypatch, args, step_seconds: dict) -> tuple[list, dict]:
-    """The learning rates `translation_common.fit_plan(args)`'s callback sets for each step of
-    a run whose step i takes `step_seconds.get(i, 1.0)` seconds, and its summary."""
+    """The learning rates `keras_attn.recipes.translation.fit_plan(args)`'s callback sets for
+    each step of a run whose step i takes `step_seconds.get(i, 1.0)` seconds, and its summary."""
     _, clock = budget_callback_with_a_clock(monkeypatch, 0.0)
-    _, (callback,) = examples_module("translation_common").fit_plan(args)
+    from keras_attn.recipes.translation import fit_plan
+
+    _, (callback,) = fit_plan(args)
     rates = drive_budget_callback(callback, clock, step_seconds)
     return rates, callback.summary()
 

@@ -4,7 +4,6 @@ serves the same predictions; the slow test trains with the defaults to >= 95% te
 import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -16,9 +15,8 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "swin_digits
 
 
 def load_example():
-    examples = os.path.dirname(EXAMPLE)
-    if examples not in sys.path:
-        sys.path.insert(0, examples)  # as when the script runs: example_utils is beside it
+    """A fresh copy of the script (its siblings, such as example_utils, come from `examples/`
+    on the tests' path: setup.cfg's `pythonpath`)."""
     spec = importlib.util.spec_from_file_location("swin_digits", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,5 @@
-"""What the two translation examples share: arguments, data, training, scoring, export.
+"""What the translation examples (and the translation benchmarks) share: data, training,
+scoring, export. Their command line is `examples/translation_args.py`, beside the scripts.
 
 `run(name, args, build_model)` trains `build_model(data, args)` on the built-in dates (or a
 Tatoeba/Anki export given with `--data`), then prints exact match and corpus BLEU (0-100, the
@@ -18,23 +19,26 @@ import shutil
 import time
 from collections.abc import Callable
 
-from example_utils import (
-    fit_verbosity,
-    import_tensorflow_quietly,
-    time_budget_callback,
-    write_export,
-)
+from keras_attn.recipes.runtime import fit_verbosity, time_budget_callback, write_export
 
-# parse_args and DATES_HELP are re-exported for the scripts and their tests.
-from translation_args import (  # noqa: F401
-    AVERAGE_FRACTION,
-    DATES_HELP,
-    DECAY_FRACTION,
-    DEFAULT_LENGTH_PENALTY,
-    TASK_NAMES,
-    WARMUP_FRACTION,
-    parse_args,
-)
+# The length penalty of keras_attn's beam search, and so of runs written before
+# `--length-penalty` existed (their metrics.json has no "length_penalty").
+DEFAULT_LENGTH_PENALTY = 0.6
+
+TASK_NAMES = {"dates": "the built-in dates", "tatoeba": "--data/--download"}
+
+# The share of a --time-budget over which the learning rate decays (measured on English-French:
+# benchmarks/RESULTS.md, "Fitting the schedule to a time budget").
+DECAY_FRACTION = 0.3
+
+# The share of a --time-budget over which the learning rate warms up when --warmup-steps is not
+# given (counted from the end of the first step, which traces the training function): on a
+# quiet 2-core machine 5% of 700 s is about the 300 steps the --epochs runs warm up over.
+WARMUP_FRACTION = 0.05
+
+# The share of a --time-budget whose weights --average-checkpoints averages (the second half of
+# the decay; benchmarks/RESULTS.md, "The examples' `--data` runs").
+AVERAGE_FRACTION = 0.15
 
 
 def make_strategy(name: str):
@@ -420,7 +424,8 @@ def optimizer(args, steps_per_epoch: int):
 def fit_plan(args) -> tuple[int, list]:
     """`(epochs, callbacks)` of `model.fit`: `args.epochs` and no callback, or with
     `--time-budget` `MAX_EPOCHS` and the callback that fits the learning rate to the budget and
-    stops training (`example_utils.time_budget_callback`; its `summary()` after `fit`)."""
+    stops training (`keras_attn.recipes.runtime.time_budget_callback`; its `summary()` after
+    `fit`)."""
     if args.time_budget is None:
         return args.epochs, []
     average = getattr(args, "average_checkpoints", 1)
@@ -479,8 +484,10 @@ def training_dataset(data, args):
 
 def run(name: str, args, build_model: Callable, defaults: dict | None = None) -> dict:
     """Train, score, draw, export; returns the metrics written to OUT/metrics.json (`defaults`
-    of the script: a short run says its translations are not meant to be right)."""
-    import_tensorflow_quietly()
+    of the script: a short run says its translations are not meant to be right).
+
+    `args` is what `examples/translation_args.py`'s `parse_args` returns. The scripts call
+    `import_tensorflow_quietly()` (`examples/example_utils.py`) before importing this module."""
     strategy = make_strategy(args.strategy)
     import keras
 
