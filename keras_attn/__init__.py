@@ -18,4 +18,4 @@ from keras_attn.models import (  # noqa: F401 - the stacks, here as before
     TransformerDecoderOnly,
     TransformerEncoder,
 )
-from keras_attn.tasks import CausalLM  # noqa: F401
+from keras_attn.tasks import CausalLM, Seq2SeqLM, TextClassifier  # noqa: F401

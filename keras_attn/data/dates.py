@@ -46,6 +46,7 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -173,6 +174,7 @@ def to_tokens(text: str) -> str:
     return " ".join(_TOKEN_RE.findall(text.lower()))
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
 def to_tokens_tf(text: tf.Tensor) -> tf.Tensor:
     """`to_tokens` with `tf.strings` ops, usable inside a graph.
 

@@ -57,6 +57,7 @@ def preprocess(text: str) -> str:
     return _RUNS_OF_SPACE.sub(" ", text).strip(" ")
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
 def preprocess_tf(text: tf.Tensor) -> tf.Tensor:
     """`preprocess` with `tf.strings` ops, usable inside a graph.
 

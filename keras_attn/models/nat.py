@@ -131,20 +131,24 @@ def compile_cmlm(model: keras.Model, optimizer="adam", length_loss_weight: float
     Returns:
         `model`, compiled.
     """
+    model.compile(optimizer=optimizer, **cmlm_losses(length_loss_weight), **kwargs)
+    return model
+
+
+def cmlm_losses(length_loss_weight: float = 0.1) -> dict:
+    """The `loss`, `loss_weights` and `weighted_metrics` of `compile_cmlm`, as `compile`
+    keywords (`keras_attn.tasks.Seq2SeqLM` compiles with them too)."""
     check_number("length_loss_weight", length_loss_weight, 0)
-    model.compile(
-        optimizer=optimizer,
-        loss=[
+    return {
+        "loss": [
             keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, reduction="mean_with_sample_weight", name="token_loss"),
             keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="length_loss"),
         ],
-        loss_weights=[1.0, float(length_loss_weight)],
-        weighted_metrics=[[keras.metrics.SparseCategoricalAccuracy(name="token_accuracy")],
-                          [keras.metrics.SparseCategoricalAccuracy(name="length_accuracy")]],
-        **kwargs,
-    )
-    return model
+        "loss_weights": [1.0, float(length_loss_weight)],
+        "weighted_metrics": [[keras.metrics.SparseCategoricalAccuracy(name="token_accuracy")],
+                             [keras.metrics.SparseCategoricalAccuracy(name="length_accuracy")]],
+    }
 
 
 # The stack options that must agree for one stack's weights to start another's (the config's

@@ -5,11 +5,14 @@ models (`keras_attn.tasks`), with TensorFlow ops (imported when they first run).
   vocabularies), `PretrainedTokenizer` (a Hugging Face checkpoint's files);
 - `causal_lm`: `CausalLMPreprocessor`, the special ids, the training layout and the prompt
   layout of a causal language model;
+- `seq2seq_lm`: `Seq2SeqLMPreprocessor`, a translator's two vocabularies and text
+  normalization: sources and `(source, target)` pairs to ids, target ids to text;
 - `text_classifier`: `TextClassifierPreprocessor`, single texts in the tokenizer's template,
   truncated and padded for an encoder (BERT).
 """
 
 from keras_attn.preprocessing.causal_lm import CausalLMPreprocessor
+from keras_attn.preprocessing.seq2seq_lm import Seq2SeqLMPreprocessor
 from keras_attn.preprocessing.text_classifier import TextClassifierPreprocessor
 from keras_attn.preprocessing.tokenizers import (
     CharacterTokenizer,
@@ -18,4 +21,4 @@ from keras_attn.preprocessing.tokenizers import (
 )
 
 __all__ = ["CausalLMPreprocessor", "CharacterTokenizer", "PretrainedTokenizer",
-           "TextClassifierPreprocessor", "Tokenizer"]
+           "Seq2SeqLMPreprocessor", "TextClassifierPreprocessor", "Tokenizer"]

@@ -8,7 +8,8 @@ and SavedModel export. The free functions below them (`keras_attn.decoding.gener
 """
 
 from keras_attn.tasks.causal_lm import CausalLM
+from keras_attn.tasks.seq2seq_lm import Seq2SeqLM
 from keras_attn.tasks.task import Task
 from keras_attn.tasks.text_classifier import TextClassifier
 
-__all__ = ["CausalLM", "Task", "TextClassifier"]
+__all__ = ["CausalLM", "Seq2SeqLM", "Task", "TextClassifier"]
