@@ -56,7 +56,7 @@ def _default_text(defaults: dict, key: str) -> str:
 
 
 # The share of a --time-budget over which the learning rate decays (measured on English-French:
-# benchmarks/RESULTS.md, "Fitting the schedule to a time budget").
+# benchmarks/RESULTS.md, "BLEU against training seconds").
 DECAY_FRACTION = 0.3
 
 # The share of a --time-budget over which the learning rate warms up when --warmup-steps is not

@@ -176,3 +176,11 @@ def test_vectorizers_that_cannot_translate_are_refused(data):
     plain.adapt(["a b c"])
     with pytest.raises(ValueError, match="reserved tokens"):
         Seq2SeqLMPreprocessor(data.source_vectorizer, plain)
+
+
+def test_a_task_is_compiled_when_made_unless_told_not(translator):
+    made = Seq2SeqLM(translator.backbone, translator.preprocessor)
+    assert made.compiled and isinstance(made.optimizer, keras.optimizers.Adam)
+    assert not Seq2SeqLM(translator.backbone, compile=False).compiled
+    with pytest.raises(ValueError, match="compile"):
+        Seq2SeqLM(translator.backbone, compile="yes")

@@ -122,3 +122,20 @@ def test_what_from_pretrained_refuses():
         CausalLM.from_pretrained(None)
     with pytest.raises(ValueError, match="TextClassifier"):
         CausalLM.from_pretrained(fx.hf_checkpoint("bert_mlm"))
+
+
+def test_stop_strings_end_each_continuation_after_the_first_found(char_lm):
+    char_lm.compile(sampler="greedy")
+    full = char_lm.generate(["the time", "it"], max_length=20, strip_prompt=True)
+    row = next(text for text in full if len(text) >= 4)
+    stop = row[2:4]
+    cut = char_lm.generate(["the time", "it"], max_length=20, strip_prompt=True,
+                           stop_strings=[stop, "\x00never"])
+    for whole, got in zip(full, cut):
+        end = whole.find(stop)
+        assert got == (whole if end < 0 else whole[:end + len(stop)])
+    assert cut[full.index(row)] != row or row.endswith(stop)
+    with pytest.raises(ValueError, match="stop_strings"):
+        char_lm.generate(["it"], max_length=20, stop_strings=[""])
+    with pytest.raises(ValueError, match="stop_strings"):
+        char_lm.generate([[2, 5, 6]], max_length=20, stop_strings="a")

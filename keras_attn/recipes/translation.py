@@ -28,7 +28,7 @@ DEFAULT_LENGTH_PENALTY = 0.6
 TASK_NAMES = {"dates": "the built-in dates", "tatoeba": "--data/--download"}
 
 # The share of a --time-budget over which the learning rate decays (measured on English-French:
-# benchmarks/RESULTS.md, "Fitting the schedule to a time budget").
+# benchmarks/RESULTS.md, "BLEU against training seconds").
 DECAY_FRACTION = 0.3
 
 # The share of a --time-budget over which the learning rate warms up when --warmup-steps is not

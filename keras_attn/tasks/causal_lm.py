@@ -46,6 +46,8 @@ class CausalLM(Task):
         sampler: how `generate` chooses tokens: a name (`"greedy"`, ...), a config or a sampler
             of `keras_attn.decoding.samplers`; `compile(sampler=...)` and `generate(...,
             sampler=...)` replace it. Defaults to `"greedy"`.
+        compile: bool, compile with the task's defaults (`compile()`) when made, as
+            keras-hub's tasks are. Defaults to `True`.
 
     Example:
     >>> lm = CausalLM.from_pretrained("path/to/Llama-3.2-1B")
@@ -54,7 +56,7 @@ class CausalLM(Task):
     """
 
     def __init__(self, backbone, preprocessor: CausalLMPreprocessor | None = None,
-                 sampler="greedy", **kwargs):
+                 sampler="greedy", compile: bool = True, **kwargs):
         backbone = _backbone(backbone)
         if preprocessor is not None and not isinstance(preprocessor, CausalLMPreprocessor):
             raise ValueError(
@@ -67,6 +69,7 @@ class CausalLM(Task):
         super().__init__(inputs, logits, **kwargs)
         self.backbone, self.preprocessor = backbone, preprocessor
         self.sampler = _samplers().get(sampler)
+        self._compile_by_default(compile)
 
     @classmethod
     def from_pretrained(cls, directory: str, dtype: str | None = None,
@@ -142,7 +145,8 @@ class CausalLM(Task):
     # ---- generation ----------------------------------------------------------------------------
 
     def generate(self, inputs, max_length: int | None = None, *, stop_token_ids="auto",
-                 strip_prompt: bool = False, sampler=None, max_new_tokens=None):
+                 strip_prompt: bool = False, sampler=None, max_new_tokens=None,
+                 stop_strings=None):
         """Continue prompts: strings for strings, token ids for token ids.
 
         Args:
@@ -157,6 +161,9 @@ class CausalLM(Task):
             strip_prompt: bool, return the continuation only. Defaults to `False`.
             sampler: optional sampler for this call (default: the model's). Defaults to `None`.
             max_new_tokens: optional int, new tokens at most per row. Defaults to `None`.
+            stop_strings: optional str or list of str (text prompts only): each continuation
+                ends after the first of them it contains, which it keeps (transformers'
+                `stop_strings`). Defaults to `None`.
 
         Returns:
             A str for a str, a list of str for a list; for ids, int32 `(B, max_length)` (the
@@ -169,9 +176,13 @@ class CausalLM(Task):
             max_length = self.preprocessor.sequence_length
         check_int("max_length", max_length, 2)
         sampler = self.sampler if sampler is None else _samplers().get(sampler)
+        stops = _stop_strings(stop_strings)
+        if stops and not text:
+            raise ValueError("Argument `stop_strings` applies to text prompts; token ids stop "
+                             "at `stop_token_ids`.")
         if text:
             return self._generate_text(inputs, int(max_length), stop_token_ids, strip_prompt,
-                                       sampler, max_new_tokens)
+                                       sampler, max_new_tokens, stops)
         token_ids, lengths = _prompt_ids(inputs)
         ids = self._ids(stop_token_ids)
         tokens = self._decode(token_ids, lengths, int(max_length), max_new_tokens, ids, sampler)
@@ -194,7 +205,7 @@ class CausalLM(Task):
         return ids
 
     def _generate_text(self, inputs, max_length, stop_token_ids, strip_prompt, sampler,
-                       max_new_tokens):
+                       max_new_tokens, stops=()):
         import tensorflow as tf
 
         single = isinstance(inputs, (str, bytes))
@@ -208,7 +219,7 @@ class CausalLM(Task):
         continuation = self.preprocessor.generate_postprocess(
             keras.ops.convert_to_numpy(tokens), lengths, limits, stop_ids=ids[
                 "stop_token_ids"])
-        texts = [t.decode("utf-8") for t in continuation.numpy()]
+        texts = [_cut_at_stop(t.decode("utf-8"), stops) for t in continuation.numpy()]
         if not strip_prompt:
             context = [t.decode("utf-8") for t in prompts["context"].numpy()]
             texts = [c + t for c, t in zip(context, texts)]
@@ -257,6 +268,23 @@ def _samplers():
     from keras_attn.decoding import samplers
 
     return samplers
+
+
+def _stop_strings(stop_strings) -> tuple[str, ...]:
+    """`stop_strings` as a tuple of non-empty str; anything else is a ValueError naming it."""
+    if stop_strings is None:
+        return ()
+    stops = (stop_strings,) if isinstance(stop_strings, str) else stop_strings
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+        raise ValueError("Argument `stop_strings` must be a non-empty str or a list of them. "
+                         f"Received: stop_strings={stop_strings!r:.200}")
+    return tuple(stops)
+
+
+def _cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    """`text` up to and including the earliest stop string it contains."""
+    ends = [text.find(s) + len(s) for s in stops if s in text]
+    return text[:min(ends)] if ends else text
 
 
 def _prompt_ids(inputs):

@@ -72,6 +72,8 @@ class Seq2SeqLM(Task):
             `compile(sampler=...)` and `generate(..., sampler=...)` replace it. A
             non-autoregressive model takes none. Defaults to `"greedy"`.
         iterations: int, Mask-Predict rounds of a non-autoregressive model. Defaults to `10`.
+        compile: bool, compile with the task's defaults (`compile()`) when made, as
+            keras-hub's tasks are. Defaults to `True`.
 
     Example:
     >>> data = load_dates_translation()
@@ -84,7 +86,8 @@ class Seq2SeqLM(Task):
     """
 
     def __init__(self, backbone, preprocessor: Seq2SeqLMPreprocessor | None = None,
-                 sampler="greedy", iterations: int = 10, **kwargs):
+                 sampler="greedy", iterations: int = 10, compile: bool = True,
+                 **kwargs):
         backbone, non_autoregressive = _backbone(backbone)
         if preprocessor is not None and not isinstance(preprocessor, Seq2SeqLMPreprocessor):
             raise ValueError(
@@ -102,6 +105,7 @@ class Seq2SeqLM(Task):
         self.backbone, self.preprocessor = backbone, preprocessor
         self.non_autoregressive, self.iterations = non_autoregressive, int(iterations)
         self.sampler = None if non_autoregressive else _samplers().get(sampler or "greedy")
+        self._compile_by_default(compile)
 
     def compile(self, optimizer="auto", loss="auto", *, sampler=None, **kwargs):
         """`keras.Model.compile` with defaults (`"auto"`): Adam (1e-3) and the masked sequence

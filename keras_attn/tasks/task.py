@@ -39,6 +39,15 @@ class Task(keras.Model):
     `_text_dataset(x, y, batch_size)`: a `tf.data.Dataset` of preprocessed batches for raw text.
     """
 
+    def _compile_by_default(self, compile: bool) -> None:
+        """keras-hub's default: a task is compiled with its own defaults when it is made
+        (`compile=False` leaves it uncompiled); `compile(...)` again changes them."""
+        if not isinstance(compile, bool):
+            raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+                f"Argument `compile` must be a bool. Received: compile={compile!r}")
+        if compile:
+            self.compile()
+
     def _text_dataset(self, x, y, batch_size):  # pragma: no cover - every task has one
         raise NotImplementedError
 

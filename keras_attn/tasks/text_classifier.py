@@ -73,6 +73,8 @@ class TextClassifier(Task):
         activation: None (logits, keras-hub's default) or `"softmax"` (probabilities; the
             default loss then reads probabilities). Defaults to `None`.
         dropout: float in [0, 1), on the pooled features while training. Defaults to `0.1`.
+        compile: bool, compile with the task's defaults (`compile()`) when made, as
+            keras-hub's tasks are. Defaults to `True`.
 
     Attributes:
         pooling: `"pooled_output"` (BERT's pooler) or `"first_token"` (the first position's
@@ -85,7 +87,7 @@ class TextClassifier(Task):
     """
 
     def __init__(self, backbone, num_classes: int, preprocessor=None, activation=None,
-                 dropout: float = 0.1, **kwargs):
+                 dropout: float = 0.1, compile: bool = True, **kwargs):
         names, pooling = _backbone_outputs(backbone)
         num_classes = as_int("num_classes", num_classes, 2)
         if preprocessor is not None and not isinstance(preprocessor,
@@ -118,6 +120,7 @@ class TextClassifier(Task):
         self.output_dropout, self.output_dense = output_dropout, output_dense
         self.num_classes, self.activation, self.dropout = num_classes, activation, dropout
         self.pooling = pooling
+        self._compile_by_default(compile)
 
     @classmethod
     def from_pretrained(cls, directory: str, num_classes: int, dtype: str | None = None,
