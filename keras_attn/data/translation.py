@@ -349,23 +349,8 @@ class TranslationData:
                 "Argument `ids` must have shape (batch_size, length) or (length,). "
                 f"Received: ids.shape={ids.shape}"
             )
-        vocab = self.target_vectorizer.get_vocabulary()
-        texts = []
-        for row in ids.tolist():
-            tokens = []
-            for index in row:
-                if index == EOS_ID:
-                    break
-                if index in (PAD_ID, BOS_ID):
-                    continue
-                tokens.append(
-                    str(vocab[index])
-                    if 0 <= index < len(vocab)
-                    else UNK
-                )
-            texts.append(detokenize(tokens, self.word_start) if self.word_start is not None
-                         else self.target_joiner.join(tokens))
-        return texts
+        return decode_ids(ids, self.target_vectorizer.get_vocabulary(), self.target_joiner,
+                          self.word_start)
 
     @staticmethod
     def _vectorize(vectorizer, texts: Sequence[str]) -> np.ndarray:
@@ -374,6 +359,24 @@ class TranslationData:
             return np.zeros((0, length), np.int32)
         ids = vectorizer(tf.constant(list(texts), dtype=tf.string))
         return keras.ops.convert_to_numpy(ids).astype(np.int32)
+
+
+def decode_ids(ids: np.ndarray, vocabulary: Sequence[str], joiner: str = " ",
+               word_start: str | None = None) -> list[str]:
+    """Target ids `(B, T)` as `B` strings: each row up to its first `<eos>`, padding and
+    `<bos>` skipped, ids outside `vocabulary` as `[UNK]`, the tokens joined with `joiner` (or,
+    with `word_start`, subword pieces detokenized into words)."""
+    texts = []
+    for row in np.asarray(ids).tolist():
+        tokens = []
+        for index in row:
+            if index == EOS_ID:
+                break
+            if index not in (PAD_ID, BOS_ID):
+                tokens.append(str(vocabulary[index]) if 0 <= index < len(vocabulary) else UNK)
+        texts.append(detokenize(tokens, word_start) if word_start is not None
+                     else joiner.join(tokens))
+    return texts
 
 
 def batch_by_length(dataset: tf.data.Dataset, length_of: Callable, lengths: np.ndarray,

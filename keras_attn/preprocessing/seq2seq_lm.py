@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 from keras_attn.preprocessing.tokenizers import as_string_tensor
-from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID, UNK
+from keras_attn.tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def _vectorizer_config(vectorizer) -> dict:
@@ -161,24 +161,13 @@ class Seq2SeqLMPreprocessor(keras.layers.Layer):
     def decode(self, ids) -> list[str]:
         """Target ids `(B, T)` → `B` strings: each row up to its first `<eos>`, padding and
         `<bos>` skipped, tokens joined (pieces detokenized with `word_start`)."""
-        from keras_attn.data.subwords import detokenize
+        from keras_attn.data.translation import decode_ids
 
         ids = np.asarray(keras.ops.convert_to_numpy(ids))
         if ids.ndim != 2:
             raise ValueError("Argument `ids` must have shape (batch_size, length). "
                              f"Received: ids.shape={ids.shape}")
-        texts = []
-        for row in ids.tolist():
-            tokens = []
-            for index in row:
-                if index == EOS_ID:
-                    break
-                if index not in (PAD_ID, BOS_ID):
-                    tokens.append(self._target_vocabulary[index]
-                                  if 0 <= index < len(self._target_vocabulary) else UNK)
-            texts.append(detokenize(tokens, self.word_start) if self.word_start is not None
-                         else self.joiner.join(tokens))
-        return texts
+        return decode_ids(ids, self._target_vocabulary, self.joiner, self.word_start)
 
     def get_config(self):
         config = super().get_config()

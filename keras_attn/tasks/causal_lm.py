@@ -246,12 +246,7 @@ class CausalLM(Task):
             max_length: int, the cache's positions: prompt (with the template) and generated
                 tokens. Defaults to the preprocessor's `sequence_length`.
         """
-        if keras.backend.backend() != "tensorflow":
-            raise ValueError("CausalLM.export writes a TensorFlow SavedModel: run it with "
-                             "KERAS_BACKEND=tensorflow (save a .keras file on "
-                             f"{keras.backend.backend()} and load it there).")
-        if self.preprocessor is None:
-            raise ValueError("CausalLM.export takes strings: the model needs a preprocessor.")
+        self._check_exportable()
         from keras_attn.export_generator import export_causal_lm
 
         if max_length is None:

@@ -264,12 +264,7 @@ class Seq2SeqLM(Task):
                 sampler's (`Beam`), else 0.6.
             length_beam: int, candidate lengths of a non-autoregressive model. Defaults to 1.
         """
-        if keras.backend.backend() != "tensorflow":
-            raise ValueError("Seq2SeqLM.export writes a TensorFlow SavedModel: run it with "
-                             "KERAS_BACKEND=tensorflow (save a .keras file on "
-                             f"{keras.backend.backend()} and load it there).")
-        if self.preprocessor is None:
-            raise ValueError("Seq2SeqLM.export takes strings: the model needs a preprocessor.")
+        self._check_exportable()
         from keras_attn import export
 
         pre = self.preprocessor

@@ -48,6 +48,17 @@ class Task(keras.Model):
         if compile:
             self.compile()
 
+    def _check_exportable(self) -> None:
+        """An export writes a TensorFlow SavedModel that takes strings: it needs the
+        TensorFlow backend and a preprocessor (a ValueError says which is missing)."""
+        name = type(self).__name__
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(f"{name}.export writes a TensorFlow SavedModel: run it with "
+                             "KERAS_BACKEND=tensorflow (save a .keras file on "
+                             f"{keras.backend.backend()} and load it there).")
+        if self.preprocessor is None:
+            raise ValueError(f"{name}.export takes strings: the model needs a preprocessor.")
+
     def _text_dataset(self, x, y, batch_size):  # pragma: no cover - every task has one
         raise NotImplementedError
 
