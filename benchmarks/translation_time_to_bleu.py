@@ -178,8 +178,8 @@ def run_keras_attn(example_argv, budgets, split, out):
         fit_plan,
         load_data,
         training_dataset,
-        translate,
     )
+    from keras_attn.recipes.translation_eval import translate
 
     example = example_module("transformer_translation")
     DEFAULTS, MODEL_FLAGS, build_model = example.DEFAULTS, example.MODEL_FLAGS, example.build_model

@@ -169,11 +169,8 @@ def distilled_pairs(data, args, teacher: dict) -> tuple[list, dict]:
     `teacher` is the teacher's metrics (`teacher_metrics`)."""
     import hashlib
 
-    from keras_attn.recipes.translation import (
-        data_options,
-        run_length_penalty,
-        translate,
-    )
+    from keras_attn.recipes.translation import data_options, run_length_penalty
+    from keras_attn.recipes.translation_eval import translate
 
     ours = data_options(args, data)
     sources = [source for source, _ in data.train]
@@ -252,7 +249,7 @@ def translate(model, data, sources: list[str], iterations: int, length_beam: int
 def score(model, data, pairs, iterations: int, length_beam: int) -> tuple[dict, list]:
     """`held_out_scores` after `iterations` rounds with the decoding time, and
     `(source, prediction, reference)` for each pair."""
-    from keras_attn.recipes.translation import held_out_scores
+    from keras_attn.recipes.translation_eval import held_out_scores
 
     references = [data.target_joiner.join(target.split()) for _, target in pairs]
     start = time.perf_counter()
@@ -268,7 +265,7 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
     prints them, and compares them with the same computation in Python."""
     from keras_attn.export import export_nat_translator, make_nat_translate_fn
     from keras_attn.recipes.runtime import write_export
-    from keras_attn.recipes.translation import serve_and_compare, served_inputs
+    from keras_attn.recipes.translation_eval import serve_and_compare, served_inputs
 
     options = {"iterations": args.iterations, "length_beam": args.length_beam,
                **data.text_options}
@@ -317,10 +314,10 @@ def main(argv=None) -> dict:
         fit_plan,
         load_and_describe,
         optimizer,
-        print_samples,
         save_vocabularies,
         short_run_note,
     )
+    from keras_attn.recipes.translation_eval import print_samples
     from keras_attn.viz import plot_history
 
     keras.utils.set_random_seed(args.seed)

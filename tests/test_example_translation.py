@@ -350,7 +350,7 @@ def test_the_length_penalty_reaches_every_beam_that_scores(monkeypatch):
     import numpy as np
 
     from keras_attn import decoding
-    from keras_attn.recipes import translation as common
+    from keras_attn.recipes import translation_eval as common
 
     seen = []
 

@@ -50,6 +50,17 @@ def mask_targets(target_ids: tf.Tensor, seed: tf.Tensor, mask_token_id: int):
             tf.cast(masked, tf.float32))
 
 
+def cmlm_example(source_ids: tf.Tensor, target_ids: tf.Tensor, seed: tf.Tensor,
+                 mask_token_id: int):
+    """One training example of a CMLM, as `make_cmlm_dataset` gives it (unbatched):
+    `((source_ids, masked_target_ids), (target_ids, length), (token_weights, 1.0))`, with the
+    masks of `mask_targets(target_ids, seed, mask_token_id)` and `length` the number of target
+    tokens."""
+    masked_target, weights = mask_targets(target_ids, seed, mask_token_id)
+    length = tf.reduce_sum(tf.cast(tf.not_equal(target_ids, PAD_ID), tf.int32))
+    return (source_ids, masked_target), (target_ids, length), (weights, tf.constant(1.0))
+
+
 def make_cmlm_dataset(
     data: TranslationData,
     split_or_pairs: str | Sequence[Pair],
@@ -110,10 +121,7 @@ def make_cmlm_dataset(
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=shuffle).batch(2)
 
     def example(pair, example_seed):
-        source, target = pair
-        masked_target, weights = mask_targets(target, example_seed, token_mask_id)
-        length = tf.reduce_sum(tf.cast(tf.not_equal(target, PAD_ID), tf.int32))
-        return ((source, masked_target), (target, length), (weights, tf.constant(1.0)))
+        return cmlm_example(*pair, example_seed, token_mask_id)
 
     dataset = tf.data.Dataset.zip((dataset, seeds)).map(
         example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

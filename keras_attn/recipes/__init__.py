@@ -11,10 +11,13 @@ what an example needs to run from a clone without a download, and the code the s
   `clear_export_dir`, `fit_verbosity()` (one line per epoch when stdout is not a terminal) and
   `time_budget_callback(seconds, learning_rate, ...)` (the learning-rate schedule fitted to a
   budget of training seconds, with checkpoint averaging).
-- `translation`: the translation examples' data, training, scoring and export: `run(name,
-  args, build_model)` trains, scores (exact match, corpus BLEU), draws and exports;
-  `load_data`, `data_options`, `compile_translator`, `fit_plan`, `score`, `check_export` and
-  the rest are what `examples/nat_translation.py` and the translation benchmarks reuse.
+- `translation`: the translation examples' data and training: `run(name, args, build_model)`
+  trains, then scores, draws and exports; `load_data`, `data_options`, `compile_translator`,
+  `fit_plan` and the rest are what `examples/nat_translation.py` and the translation
+  benchmarks reuse.
+- `translation_eval`: what is done with a trained translator: `translate`, `score`
+  (exact match, corpus BLEU), `draw_attention`, `print_samples`, `check_export` (the served
+  `translate` signature against the model in Python).
 
 The examples import this package as `keras_attn.recipes`, never through `sys.path`, and only
 after parsing their arguments: importing `keras_attn` imports Keras and TensorFlow, so the

@@ -36,13 +36,8 @@ def _is_pairs(x) -> bool:
 def _text_pairs(x, y):
     """`(sources, targets)` as two flat lists of str from `x=[(source, target), ...]` or
     `x=sources, y=targets`."""
-    if y is None:
-        pairs = list(x)
-        if not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
-            raise ValueError("A Seq2SeqLM learns from (source, target) pairs: give "
-                             "`x=[(source, target), ...]` or `x=sources, y=targets`. "
-                             f"Received: x={x!r:.200}")
-        return [p[0] for p in pairs], [p[1] for p in pairs]
+    if y is None:  # pairs (`_is_pairs`)
+        return [p[0] for p in x], [p[1] for p in x]
     sources = [x] if isinstance(x, str) else list(x)
     targets = [y] if isinstance(y, str) else list(y)
     if len(sources) != len(targets):
@@ -169,7 +164,7 @@ class Seq2SeqLM(Task):
             if shuffle:
                 dataset = dataset.shuffle(len(sources), reshuffle_each_iteration=True)
             return dataset.batch(batch_size).prefetch(2)
-        from keras_attn.data.nat import mask_targets
+        from keras_attn.data.nat import cmlm_example
         from keras_attn.tokens import EOS_ID, PAD_ID, mask_id
 
         target = tf.where(target_out == EOS_ID, PAD_ID, target_out)  # y, no <eos>
@@ -177,10 +172,7 @@ class Seq2SeqLM(Task):
         seeds = tf.data.Dataset.random(seed=0, rerandomize_each_iteration=True).batch(2)
 
         def example(pair, seed):
-            source, target = pair
-            masked, weights = mask_targets(target, seed, token_mask_id)
-            length = tf.reduce_sum(tf.cast(tf.not_equal(target, PAD_ID), tf.int32))
-            return (source, masked), (target, length), (weights, tf.constant(1.0))
+            return cmlm_example(*pair, seed, token_mask_id)
 
         pairs = tf.data.Dataset.from_tensor_slices((source, target))
         if shuffle:
