@@ -93,15 +93,17 @@ def value_and_grads(fn, inputs, cotangent):
 
         xs = [jnp.asarray(x) for x in inputs]
 
-        def loss_fn(*float_xs):
-            full = list(xs)
+        def loss_fn(float_xs, other_xs):
+            full = list(other_xs)
             for i, x in zip(floats, float_xs):
                 full[i] = x
             out = fn(*full)
             return jnp.sum(out.astype("float32") * cotangent), out
 
-        found, out = jax.grad(loss_fn, argnums=tuple(range(len(floats))), has_aux=True)(
-            *[xs[i] for i in floats])
+        # One compiled program for the forward and backward pass: run op by op, each new shape
+        # of each primitive compiles on its own (hundreds of compilations a layer). Every input
+        # is an argument, so the traced program is the one a caller's `jax.jit` would run.
+        found, out = jax.jit(jax.grad(loss_fn, has_aux=True))([xs[i] for i in floats], xs)
     elif backend == "torch":
         import torch
 

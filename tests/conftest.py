@@ -5,6 +5,11 @@ import gc
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# XLA (JAX, and TensorFlow's jit-compiled steps) compiles thousands of small programs in a run;
+# LLVM's optimization passes are a quarter of each compilation and buy nothing on test shapes.
+# The numbers do not change: the passes keep IEEE semantics.
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
 
 import keras
 import numpy as np
@@ -33,10 +38,23 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+# Keras' int8 quantization and LoRA, through our models: the same keras.ops on every backend,
+# checked on TensorFlow and torch. On JAX each quantized model compiles op by op (a third of
+# that stage's time), so these files are skipped there, with this reason in the summary.
+NOT_ON_JAX = ("test_model_robustness.py", "test_int8_models.py", "test_quantization.py",
+              "test_lora.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    if keras.backend.backend() == "tensorflow":
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         return
-    skip = pytest.mark.skip(reason=f"TensorFlow only; the backend is {keras.backend.backend()}")
+    skip = pytest.mark.skip(reason=f"TensorFlow only; the backend is {backend}")
+    skip_jax = pytest.mark.skip(
+        reason="int8 and LoRA models: run on TensorFlow and torch, not JAX (conftest.NOT_ON_JAX)")
     for item in items:
         if "tf_only" in item.keywords:
             item.add_marker(skip)
+        elif backend == "jax" and item.path.name in NOT_ON_JAX:
+            item.add_marker(skip_jax)
+

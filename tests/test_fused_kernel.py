@@ -339,3 +339,17 @@ def test_multi_head_takes_fused_auto_and_flash_attention_as_keras_does():
     assert config["attention"] == {"flash_attention": False}
     again = MultiHead.from_config(config)
     assert again.implementation == "auto" and again.flash_attention is False
+
+
+def test_a_float16_model_trains_compiled_with_the_fused_kernel():
+    """`model.fit` compiles the step (XLA on JAX): float16 attention through the fused kernel
+    must compile there too. JAX's op asks for float16 products summed in float32, which XLA on
+    the CPU refuses inside `jax.jit`; the kernel runs those sums in float32 instead."""
+    x = np.random.default_rng(0).normal(size=(B, 6, 16)).astype("float32")
+    inputs = keras.Input((6, 16))
+    hidden = MultiHead(2, 8, implementation="fused", dtype="mixed_float16")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile("sgd", "mse", jit_compile=keras.backend.backend() != "torch")
+    history = model.fit(x, np.zeros((B, 6, 1)), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert model.layers[1].compute_dtype == "float16"

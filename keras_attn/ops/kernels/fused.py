@@ -222,11 +222,19 @@ def _jax(q, k, v, block, bias, causal, scale, flash):
     from keras_attn import tuning
 
     q, k, v = (ops.swapaxes(x, 1, 2) for x in (q, k, v))  # (B, T|S, H, d)
+    dtype = keras.backend.standardize_dtype(q.dtype)
+    if dtype == "float16" and tuning.device_kind(q) == "cpu":
+        # jax.nn asks XLA for float16 products summed in float32, which XLA on CPU compiles
+        # nowhere inside `jax.jit` ("The precision 'F16_F16_F32' is not supported by
+        # dot_general on CPU"; its fallback only catches the error op by op). Every float16 is
+        # a float32: the same sums run in float32 and the output comes back in float16.
+        q, k, v = (ops.cast(x, "float32") for x in (q, k, v))
+        bias = None if bias is None else ops.cast(bias, "float32")
 
     def call(implementation):
         out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=block, scale=scale,
                                            is_causal=causal, implementation=implementation)
-        return ops.swapaxes(out, 1, 2)  # (B, H, T, dv)
+        return ops.swapaxes(ops.cast(out, dtype), 1, 2)  # (B, H, T, dv)
 
     if flash:
         return call("cudnn")
