@@ -7,8 +7,8 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # JAX compiles thousands of small programs in a run, op by op; LLVM's optimization passes are
 # a quarter of each compilation and buy nothing on test shapes (the numbers do not change: the
-# passes keep IEEE semantics). Not on TensorFlow: its XLA train steps run many steps, slower
-# unoptimized (the TensorFlow stage took 1847 s with the flag against 1245 s before).
+# passes keep IEEE semantics). Not on TensorFlow: its XLA train steps run many steps and may run
+# slower unoptimized (its CI stage took 1847 s with the flag, 1245 s at the last landing).
 if os.environ.get("KERAS_BACKEND") == "jax":
     os.environ["XLA_FLAGS"] = " ".join(
         [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
@@ -41,8 +41,8 @@ def pytest_collection_finish(session):
 
 
 # Keras' int8 quantization and LoRA, through our models: the same keras.ops on every backend,
-# checked on TensorFlow and torch. On JAX each quantized model compiles op by op (a third of
-# that stage's time), so these files are skipped there, with this reason in the summary.
+# checked on TensorFlow and torch. On JAX each quantized model compiles op by op (490 of that
+# stage's 3025 worker-seconds), so these files are skipped there, with this reason in the summary.
 NOT_ON_JAX = ("test_model_robustness.py", "test_int8_models.py", "test_quantization.py",
               "test_lora.py")
 
@@ -59,4 +59,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
         elif backend == "jax" and item.path.name in NOT_ON_JAX:
             item.add_marker(skip_jax)
-
