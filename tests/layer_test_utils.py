@@ -32,13 +32,13 @@ def _symbolic_inputs(inputs: dict) -> dict:
     }
 
 
-def _finite_training_step(layer, inputs, call_kwargs) -> None:
+def _finite_training_step(layer, inputs, call_kwargs, output_shape) -> None:
     """One gradient step through the layer alone: finite outputs and finite gradients (of
-    `sum(outputs * cotangent)` for a fixed random cotangent), on any backend."""
-    outputs = layer(**inputs, **call_kwargs, training=True)
-    if isinstance(outputs, (tuple, list)):
-        outputs = outputs[0]
-    cotangent = np.random.default_rng(0).normal(size=tuple(outputs.shape)).astype("float32")
+    `sum(outputs * cotangent)` for a fixed random cotangent of `output_shape`, the first
+    output's), on any backend. The layer is built on symbolic inputs, so the one run is the
+    differentiated one: one compiled program on JAX, where each op run eagerly compiles on its
+    own (a 2-layer decoder stack's two steps took 14.7 s with eager runs, 7 s without)."""
+    cotangent = np.random.default_rng(0).normal(size=tuple(output_shape)).astype("float32")
     names = list(inputs)
 
     class Positional(keras.layers.Layer):  # the layer called with named inputs in order
@@ -49,8 +49,9 @@ def _finite_training_step(layer, inputs, call_kwargs) -> None:
         def call(self, *args):
             return self.inner(**dict(zip(names, args)), **call_kwargs, training=True)
 
+    layer(**_symbolic_inputs(inputs), **call_kwargs, training=True)
     wrapper = Positional(layer, dtype=layer.dtype_policy)
-    wrapper(*inputs.values())
+    wrapper.build(None)  # its one sublayer is built
     assert len(wrapper.trainable_variables) == len(layer.trainable_variables)
     out, grads = layer_value_and_grads(wrapper, list(inputs.values()), cotangent)
     assert np.all(np.isfinite(out)), f"non-finite outputs under {layer.dtype_policy}"
@@ -137,7 +138,7 @@ def run_layer_test(
     if run_mixed_precision:
         for policy in ("mixed_float16", "mixed_bfloat16"):
             mixed = layer_cls(**init_kwargs, dtype=policy)
-            _finite_training_step(mixed, inputs, call_kwargs)
+            _finite_training_step(mixed, inputs, call_kwargs, eager.shape)
     return eager
 
 

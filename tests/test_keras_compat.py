@@ -41,6 +41,31 @@ def test_weights_of_each_configuration(kwargs, count, tmp_path):
                    run_mixed_precision=False)
 
 
+def test_a_layer_of_the_users_that_calls_multi_head_infers_its_output():
+    """A subclassed layer with no `compute_output_spec` that calls MultiHead, in a functional
+    model on inputs of unknown batch and length: Keras runs its `call` symbolically (on JAX
+    with symbolic sizes, which MultiHead once refused as not a shape), as it does for
+    `keras.layers.MultiHeadAttention`."""
+
+    class Wrapper(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.attention = ka.MultiHead(num_heads=2, key_dim=4)
+
+        def call(self, x, mask):
+            return self.attention(x, x, query_mask=mask, key_mask=mask, use_causal_mask=True)
+
+    x, mask = keras.Input((None, 8)), keras.Input((None,), dtype="bool")
+    wrapper = Wrapper()
+    y = wrapper(x, mask)
+    assert tuple(y.shape) == (None, None, 8)
+    model = keras.Model([x, mask], y)
+    values, visible = rand(2, 5, 8), np.arange(5)[None, :] < np.array([[5], [3]])
+    direct = wrapper.attention(values, values, query_mask=visible, key_mask=visible,
+                               use_causal_mask=True)
+    np.testing.assert_allclose(to_np(model([values, visible])), to_np(direct), atol=1e-6)
+
+
 def test_dropout_acts_in_training_only():
     layer = ka.MultiHead(num_heads=2, key_dim=4, dropout=0.5, seed=1)
     x = rand(2, 6, 8)

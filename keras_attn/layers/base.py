@@ -29,9 +29,13 @@ from keras_attn.ops.masks import hide_positions
 
 def as_shape(name: str, shape) -> tuple:
     """`shape` (a tuple, list or `TensorShape` of sizes, None for unknown) as a tuple; anything
-    else is a ValueError naming the argument `<name>_shape`."""
+    else is a ValueError naming the argument `<name>_shape`. A symbolic size (JAX's, when Keras
+    infers the output of a layer that calls this one, on inputs of unknown batch or length) is
+    unknown: None."""
     sizes = tuple(shape) if isinstance(shape, (tuple, list)) or hasattr(
         shape, "as_list") else None
+    if sizes is not None:
+        sizes = tuple(None if _is_symbolic(s) else s for s in sizes)
     if sizes is None or not all(s is None or (isinstance(s, numbers.Integral)
                                               and not isinstance(s, bool)) for s in sizes):
         raise ValueError(
@@ -39,6 +43,14 @@ def as_shape(name: str, shape) -> tuple:
             f"Received: {name}_shape={shape!r}"
         )
     return tuple(None if s is None else int(s) for s in sizes)
+
+
+def _is_symbolic(size) -> bool:
+    if keras.backend.backend() != "jax" or isinstance(size, (numbers.Integral, type(None))):
+        return False
+    from jax import export
+
+    return export.is_symbolic_dim(size)
 
 
 def check_last_dim(name: str, shape, expected, other: str) -> None:
