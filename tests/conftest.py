@@ -7,8 +7,8 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # JAX compiles thousands of small programs in a run, op by op; LLVM's optimization passes are
 # a quarter of each compilation and buy nothing on test shapes (the numbers do not change: the
-# passes keep IEEE semantics). Not on TensorFlow: its XLA train steps run many steps and may run
-# slower unoptimized (its CI stage took 1847 s with the flag, 1245 s at the last landing).
+# passes keep IEEE semantics). Not on TensorFlow: its compiled programs run many times (its CI
+# stage took 1847 s with the flag, 1470 s without, each on a clean clone of this machine).
 if os.environ.get("KERAS_BACKEND") == "jax":
     os.environ["XLA_FLAGS"] = " ".join(
         [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
@@ -32,14 +32,15 @@ def _fresh_keras_state():
 
 
 def _collect_what_the_test_left():
-    """A full `gc.collect()` walks every live object, and a test process keeps growing (TF's
-    function and kernel caches, shared models): 1.3 million objects after 40 tests, 2.2 million
-    after 160, 1.3-3.1 s a walk, measured; Keras walks at every `clear_session` and whenever a
-    layer drops a variable (`quantize`: 15 times for a small model). The cyclic garbage of the
-    test that just ended (its models) is collected here; what survives it is moved to the
-    permanent generation, so that the next walks see only what later tests create. Objects
-    freed by reference counting are freed as ever; a frozen object is no longer searched for
-    cycles, which only the collections of this process could do."""
+    """A full `gc.collect()` walks every live object, and a test process keeps growing: 1.3
+    million objects after 40 tests, 2.2 million after 160, 1.3-3.1 s a walk (measured on a
+    busy machine). Keras walks at every `clear_session` and whenever a layer drops a variable
+    (`quantize`: 15 times for a small model). Here the cyclic garbage of the test that just
+    ended (its models) is collected, and what survives it is moved to the permanent
+    generation, so the next walks see only what later tests create (CI's TensorFlow stage
+    went from 1470 to 882 s with this and the layer contract's symbolic build). Objects
+    freed by reference counting are freed as ever; a cycle through a frozen object is never
+    collected: the largest process of five heavy files peaked at 2.9 GB against 2.6 GB."""
     gc.collect()
     gc.freeze()
 
