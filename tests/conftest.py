@@ -38,9 +38,10 @@ def _collect_what_the_test_left():
     (`quantize`: 15 times for a small model). Here the cyclic garbage of the test that just
     ended (its models) is collected, and what survives it is moved to the permanent
     generation, so the next walks see only what later tests create (CI's TensorFlow stage
-    went from 1470 to 882 s with this and the layer contract's symbolic build). Objects
-    freed by reference counting are freed as ever; a cycle through a frozen object is never
-    collected: the largest process of five heavy files peaked at 2.9 GB against 2.6 GB."""
+    went from 1470 to 882 and 964 s, two runs, with this and the layer contract's symbolic
+    build). Objects freed by reference counting are freed as ever; a cycle through a frozen
+    object is never collected: the largest process of five heavy files peaked at 2.9 GB
+    against 2.6 GB."""
     gc.collect()
     gc.freeze()
 
