@@ -148,7 +148,10 @@ def concrete_value(x):
 
             return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
         if backend == "torch":
-            return x.detach().cpu().numpy()
+            import torch
+
+            # Under `torch.compile` a value read is a graph break: treat it as symbolic.
+            return None if torch.compiler.is_compiling() else x.detach().cpu().numpy()
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return None
     return None

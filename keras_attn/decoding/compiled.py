@@ -4,8 +4,10 @@ TensorFlow: a `tf.function` (optionally XLA) whose inputs have an unknown batch 
 traced once per model and settings; inside a function being traced (a SavedModel signature)
 the ops join that graph. JAX: `jax.jit` of a stateless call, the model's variables passed as
 arguments (captured, they would be compiled into the program as constants: a copy of every
-weight, and a compilation that grows with the model). torch: eagerly, step by step (`keras.ops.while_loop`
-is a Python loop there).
+weight, and a compilation that grows with the model). torch: a Python loop over the token
+steps (`keras.ops.while_loop` is one there), each step compiled with `torch.compile` where
+compiling pays (`keras_attn.decoding.stepwise`; `torch_mode` says where), under
+`torch.no_grad()`.
 """
 
 from __future__ import annotations
@@ -14,12 +16,34 @@ import weakref
 
 import keras
 
+from keras_attn.decoding import stepwise
 from keras_attn.decoding.contract import Decoder
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
+def torch_mode(model, jit_compile) -> str | None:
+    """How torch runs the decoding steps of `model` (a `keras_attn.decoding.stepwise` mode).
+
+    `jit_compile=True`: compiled, by Inductor with CUDA graphs (`"reduce-overhead"`) on a GPU,
+    by TorchDynamo's graph capture alone (`"eager"`) on a CPU (Inductor's CPU kernels were
+    slower than ATen's on the shapes of benchmarks/RESULTS.md). `False`: eagerly, each Keras
+    call in Python. `None` (the default): compiled on a GPU, where a step without compiling is
+    mostly kernel launches and Python; eagerly on a CPU, where compiling (seconds to a minute
+    per model and settings) only pays back over thousands of tokens at GPT-2's size
+    (docs/performance.md has the figures).
+    """
+    if jit_compile is False:
+        return None
+    variables = getattr(model, "variables", None) or ()
+    on_gpu = any(getattr(getattr(v, "value", None), "is_cuda", False) for v in variables[:1])
+    if on_gpu:
+        return "reduce-overhead"
+    return "eager" if jit_compile else None
+
+
+def run(fn, model, arrays: tuple, options: dict, jit_compile: bool | None = False,
+        on_step=None):
     """`fn(model, *arrays, **options)`, compiled once per model, `fn` and `options`.
 
     Args:
@@ -29,12 +53,26 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
         options: keyword arguments fixed for the compiled function; an option with a
             `compile_key()` (a sampler) is told apart by it (one program serves every value of
             its numbers, which `fn` takes from `arrays`).
-        jit_compile: bool, compile with XLA under TensorFlow.
+        jit_compile: bool or None: under TensorFlow, compile with XLA (None: no); under torch,
+            compile each step (`torch_mode`); JAX always compiles.
+        on_step: optional callback of the decoding loops' steps
+            (`keras_attn.decoding.stepwise.compiling`, for streaming): the loop then runs in
+            Python, eagerly on TensorFlow and JAX, its steps compiled on torch as
+            `jit_compile` says.
 
     Returns:
         What `fn` returns.
     """
     backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        with torch.no_grad(), stepwise.compiling(torch_mode(model, jit_compile), on_step):
+            return fn(model, *arrays, **options)
+    if on_step is not None:
+        with stepwise.compiling(None, on_step):
+            return fn(model, *arrays, **options)
+    jit_compile = bool(jit_compile)
     if backend == "tensorflow":
         import tensorflow as tf
 
@@ -43,10 +81,8 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool = False):
         arrays = tuple(tf.convert_to_tensor(a) for a in arrays)
         key = (fn.__name__, "tf", jit_compile, _static(options),
                tuple(a.dtype for a in arrays), tuple(len(a.shape) for a in arrays))
-    elif backend == "jax":
-        key = (fn.__name__, "jax", _static(options))
     else:
-        return fn(model, *arrays, **options)
+        key = (fn.__name__, "jax", _static(options))
     compiled = _COMPILED.setdefault(model, {})
     if key not in compiled:
         model_ref = weakref.ref(model)  # the cache must not keep the model alive

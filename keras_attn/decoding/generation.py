@@ -16,10 +16,13 @@ from keras_attn.tokens import BOS_ID, EOS_ID
 
 
 def run(model, inputs, max_length, *, sampler, stop_token_ids=EOS_ID, max_new_tokens=None,
-        return_attention_scores=False, return_scores=False, jit_compile=False, pad_id=None,
+        return_attention_scores=False, return_scores=False, jit_compile=None, pad_id=None,
         bos_id=BOS_ID, suppressed_ids=None, prompt_lengths=None, alpha=None):
     """`generate` with today's arguments only; `alpha` (optional) overrides the scores'
     length-penalty exponent (keras_attn 0.2's spellings)."""
+    if jit_compile is not None and not isinstance(jit_compile, bool):
+        raise ValueError("Received an invalid value for argument `jit_compile`, expected a "
+                         f"bool or None. Received: jit_compile={jit_compile!r}")
     sampler = samplers.get(sampler)
     beam = sampler.beam()
     if alpha is None:
@@ -46,7 +49,7 @@ def run(model, inputs, max_length, *, sampler, stop_token_ids=EOS_ID, max_new_to
 
 def generate(model, inputs, max_length: int, *args, sampler="greedy", stop_token_ids=EOS_ID,
              max_new_tokens=None, return_attention_scores: bool = False,
-             return_scores: bool = False, jit_compile: bool = False, pad_id: int | None = None,
+             return_scores: bool = False, jit_compile: bool | None = None, pad_id: int | None = None,
              bos_id: int = BOS_ID, suppressed_ids=None, prompt_lengths=None, **kwargs):
     """Decode a batch with a causal language model or a sequence-to-sequence model.
 
@@ -84,7 +87,11 @@ def generate(model, inputs, max_length: int, *args, sampler="greedy", stop_token
             chosen tokens under the model, divided by GNMT's `((5 + |Y|) / 6) ** alpha` with a
             `Beam`'s `length_penalty` as `alpha` (the quantity it ranks by; 0, the plain
             log-probability, for other samplers). Defaults to `False`.
-        jit_compile: bool, compile with XLA (TensorFlow). Defaults to `False`.
+        jit_compile: bool or None. TensorFlow: `True` compiles the loop with XLA (else a
+            `tf.function`). torch: `True` compiles each token's step with `torch.compile`
+            (once per model and settings), `False` runs it eagerly, None compiles on a GPU
+            only (`keras_attn.decoding.compiled.torch_mode`). JAX always compiles the whole
+            loop (`jax.jit`). Defaults to `None`.
         pad_id, bos_id, suppressed_ids: the special ids (`special_ids`): the prompts' padding,
             the start token, the ids never generated. Default to the model's (`None`,
             keras_attn's `<bos>` 2, `None`).

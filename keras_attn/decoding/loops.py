@@ -18,7 +18,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_attn.decoding import checks, choices
+from keras_attn.decoding import checks, choices, stepwise
 from keras_attn.tokens import PAD_ID
 
 NEG = choices.NEG
@@ -150,7 +150,7 @@ def token_loop(step, state, tokens, prompt_lengths, stop_token_ids: tuple | None
             history = write(history, index, attention)
         return index + 1, tokens, finished, log_prob, count, state, history
 
-    _, tokens, _, log_prob, count, _, history = ops.while_loop(
+    _, tokens, _, log_prob, count, _, history = stepwise.while_loop(
         cond, body, (start + 1, tokens, finished, log_prob, count, state, history))
     scores = log_prob / length_penalty(count, alpha) if return_scores else None
     return tokens, scores, history if return_attention_scores else None
@@ -266,7 +266,7 @@ def beam_loop(step, state, tokens, prompt_lengths, stop_token_ids: tuple | None,
             history = _write_beams(_gather_beams(history, parent), index, attention)
         return index + 1, sequences, log_probs, lengths, finished, state, history
 
-    outputs = ops.while_loop(cond, body, (start + 1, sequences, log_probs, lengths, finished,
+    outputs = stepwise.while_loop(cond, body, (start + 1, sequences, log_probs, lengths, finished,
                                           state, history))
     _, sequences, log_probs, lengths, _, _, history = outputs
     # Candidates stay sorted by normalized score: beam 0 is the best.

@@ -20,6 +20,23 @@ from keras_attn.layers.position_bias import RelativePositionBias
 from keras_attn.layers.quantization import QuantizedSublayers
 
 
+def call_layer(layer, *args, **kwargs):
+    """`layer(*args, **kwargs)`; under `torch.compile`, `layer.call(*args, **kwargs)`.
+
+    Keras' `Layer.__call__` flattens a nested output (an attention's `(outputs, (k, v))`)
+    to attach masks, and TorchDynamo cannot trace that flattening (an identity test on
+    tuples), so each decoding step compiled on torch would break into one graph per block.
+    A compiled decoding step runs built layers on inputs already in their compute dtype,
+    where `__call__` adds nothing else: there the layer's `call` runs directly.
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if torch.compiler.is_compiling():
+            return layer.call(*args, **kwargs)
+    return layer(*args, **kwargs)
+
+
 def head_dim(hidden_dim: int, attention: AttentionConfig) -> int:
     """The size of each head: `attention.head_dim`, else `hidden_dim // num_heads`, refusing
     to floor it silently."""

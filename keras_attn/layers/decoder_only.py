@@ -10,6 +10,7 @@ from keras_attn.layers.block_base import (  # noqa: F401 - AttentionConfig: the 
     AttentionConfig,
     _check_embedded_shape,
     _TransformerBlock,
+    call_layer,
     document_block,
 )
 
@@ -76,9 +77,9 @@ class TransformerDecoderOnlyBlock(_TransformerBlock):
             padding_mask = getattr(inputs, "_keras_mask", None)
         x = inputs  # (B, T, d)
         h = self._before(self.self_attention_norm, x)
-        results = self.self_attention(
-            h, query_mask=padding_mask, use_causal_mask=True, training=training, cache=cache,
-            cache_update_index=cache_update_index,
+        results = call_layer(
+            self.self_attention, h, query_mask=padding_mask, use_causal_mask=True,
+            training=training, cache=cache, cache_update_index=cache_update_index,
             return_attention_scores=return_attention_scores,
         )  # (B, T, d) [, cache] [, (B, H, T, S)]
         results = results if isinstance(results, tuple) else (results,)

@@ -14,6 +14,7 @@ from keras_attn.layers.block_base import (  # noqa: F401 - AttentionConfig: the 
     AttentionConfig,
     _check_embedded_shape,
     _TransformerBlock,
+    call_layer,
     document_block,
 )
 
@@ -226,8 +227,8 @@ class TransformerDecoderBlock(_TransformerBlock):
                 training=training
             )  # (B, T, d)
         else:
-            h, self_attention_cache = self.self_attention(
-                h,
+            h, self_attention_cache = call_layer(
+                self.self_attention, h,
                 query_mask=decoder_padding_mask,
                 use_causal_mask=True,
                 training=training,
@@ -238,8 +239,8 @@ class TransformerDecoderBlock(_TransformerBlock):
 
         # Cross-attention to the encoder, source padding hidden; weights only when asked.
         h = self._before(self.cross_attention_norm, x)
-        h = self.cross_attention(
-            h,
+        h = call_layer(
+            self.cross_attention, h,
             encoder_outputs if cross_attention_cache is None else None,
             query_mask=decoder_padding_mask,
             key_mask=encoder_padding_mask,

@@ -11,6 +11,7 @@ from keras import ops
 from keras_attn._checks import check_bool, check_int, check_one_of, renamed_argument
 from keras_attn.layers import legacy
 from keras_attn.layers.config import AttentionConfig, BlockConfig  # noqa: F401 - examples
+from keras_attn.layers.block_base import call_layer
 from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
@@ -136,8 +137,9 @@ class TransformerDecoderOnly(_Stack):
         new_caches, weights = [], []
         for i, block in enumerate(self.blocks):
             kwargs = {} if caches is None else {"cache": caches[i], "cache_update_index": index}
-            results = block(x, padding_mask=padding_mask, return_attention_scores=return_attention,
-                            training=training, **kwargs)
+            results = call_layer(block, x, padding_mask=padding_mask,
+                                 return_attention_scores=return_attention, training=training,
+                                 **kwargs)
             results = results if isinstance(results, tuple) else (results,)
             x = results[0]
             if caches is not None:

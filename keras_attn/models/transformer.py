@@ -9,6 +9,7 @@ from keras import ops
 from keras_attn._checks import renamed_argument
 from keras_attn.layers import legacy
 from keras_attn.layers.base import check_positive_int
+from keras_attn.layers.block_base import call_layer
 from keras_attn.layers.config import AttentionConfig, BlockConfig
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
@@ -188,10 +189,11 @@ class TransformerDecoder(_Stack):
                 "self_attention_cache": state["self_attention_cache"][i],
                 "self_attention_cache_update_index": index,
                 "cross_attention_cache": state["cross_attention_cache"][i]}
-            results = block(x, encoder_outputs, decoder_padding_mask=decoder_padding_mask,
-                            encoder_padding_mask=encoder_padding_mask,
-                            return_attention_scores=return_attention, training=training,
-                            **cached)
+            results = call_layer(block, x, encoder_outputs,
+                                 decoder_padding_mask=decoder_padding_mask,
+                                 encoder_padding_mask=encoder_padding_mask,
+                                 return_attention_scores=return_attention, training=training,
+                                 **cached)
             results = results if isinstance(results, tuple) else (results,)
             x = results[0]
             if state is not None:
