@@ -43,6 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="leave transformers out (torch)")
     parser.add_argument("--no-compile", action="store_true",
                         help="leave keras_attn's jit_compile=True out (torch)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="torch: after the timings, profile one call of each contender "
+                             "(torch.profiler) and print its N costliest ops by self time")
     return parser.parse_args(argv)
 
 
@@ -96,7 +99,7 @@ def main(argv=None) -> None:
     print("| batch | " + " | ".join(f"{name} tokens/s" for name in names)
           + " | keras_attn / keras_hub" + (" | keras_attn / transformers" if hf else "") + " |")
     print("|---" * (len(names) + 2 + (hf is not None)) + "|")
-    first_calls = {}
+    first_calls, profiles = {}, {}
     for batch in args.batch:
         rng = np.random.default_rng(0)
         prompt = rng.integers(4, args.vocab, (batch, args.prompt)).astype("int32")
@@ -132,13 +135,28 @@ def main(argv=None) -> None:
         times = time_alternating(fns, args.rounds, warmup=0)
         rate = {name: batch * args.new_tokens / median(t) for name, t in times.items()}
         best = max(rate[name] for name in names if name.startswith("keras_attn"))
-        cells = [f"{rate[name]:.0f}" for name in names] + [f"**{best / rate['keras_hub']:.2f}**"]
+        cells = [f"{rate[name]:.1f}" for name in names] + [f"**{best / rate['keras_hub']:.2f}**"]
         if hf is not None:
             cells.append(f"**{best / rate['transformers']:.2f}**")
         print(f"| {batch} | " + " | ".join(cells) + " |", flush=True)
+        if args.profile and torch_backend:
+            profiles[batch] = {name: _profile(fn, args.profile) for name, fn in fns.items()}
     print("first call (trace / compile + one generation), s: " + ", ".join(
         f"{name} {seconds:.1f}" for name, seconds in first_calls.items()))
     print("keras_attn / peer: the faster of keras_attn's rows.")
+    for batch, tables in profiles.items():
+        for name, table in tables.items():
+            print(f"\n### batch {batch}, {name}: one call's costliest ops (self CPU time)\n")
+            print(table)
+
+
+def _profile(fn, top: int) -> str:
+    """One call of `fn` under torch.profiler: its `top` ops by self CPU time, as a table."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
 if __name__ == "__main__":

@@ -184,10 +184,56 @@ def test_a_reloaded_causal_lm_generates_the_same(model, tmp_path):
     ({"max_length": 10, "sampler": "nucleus"}, "sampler"),
     ({"max_length": 10, "max_new_tokens": 0}, "max_new_tokens"),
     ({"max_length": 10, "sampler": "beam", "max_new_tokens": 3}, "max_new_tokens"),
+    ({"max_length": 10, "jit_compile": "yes"}, "jit_compile"),
 ])
 def test_bad_arguments_name_the_argument(model, kwargs, arg):
     with pytest.raises(ValueError, match=arg):
         decoding.generate(model, PROMPTS, **kwargs)
+
+
+# ---- torch: each token's step compiled once (keras_attn.decoding.stepwise) -----------------
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile of the steps")
+@pytest.mark.parametrize("sampler", ["greedy", "random"])
+def test_compiled_torch_steps_equal_eager_ones_and_compile_once(model, sampler):
+    from keras_attn.decoding import compiled, stepwise
+
+    def generate(prompts, jit_compile, temperature=0.7):
+        chosen = sampler if sampler == "greedy" else Random(temperature=temperature, seed=4)
+        return to_np(decoding.generate(model, prompts, 10, sampler=chosen,
+                                       jit_compile=jit_compile))
+
+    assert compiled.torch_mode(model, None) is None  # a CPU: eager unless asked
+    assert compiled.torch_mode(model, True) == "eager"
+    before = stepwise.compilations()
+    first = generate(PROMPTS, True)
+    count = stepwise.compilations()
+    assert count > before
+    np.testing.assert_array_equal(first, generate(PROMPTS, False))
+    # Another prompt of the same shape, and (sampling) another temperature: nothing compiled.
+    other = PROMPTS[::-1].copy()
+    np.testing.assert_array_equal(generate(other, True), generate(other, False))
+    if sampler == "random":
+        np.testing.assert_array_equal(generate(PROMPTS, True, 1.5),
+                                      generate(PROMPTS, False, 1.5))
+    assert stepwise.compilations() == count
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="jax.jit of the whole loop")
+def test_jax_decodes_in_one_program_compiled_once_per_settings(model):
+    """Prefill and every step in one `jax.jit` program, the weights and the sampler's numbers
+    its arguments: a new prompt, temperature or seed reuses it."""
+    from keras_attn.decoding import compiled
+
+    def generate(prompts, temperature, seed):
+        return to_np(decoding.generate(model, prompts, 10,
+                                       sampler=Random(temperature=temperature, seed=seed)))
+
+    generate(PROMPTS, 0.7, 1)
+    programs = {key: fn._cache_size() for key, fn in compiled._COMPILED[model].items()}
+    assert programs and all(size == 1 for size in programs.values())
+    generate(PROMPTS[::-1].copy(), 1.5, 2)
+    assert {key: fn._cache_size() for key, fn in compiled._COMPILED[model].items()} == programs
 
 
 # ---- hostile inputs: settings as tensors, prompts, end tokens, int32 limits -------------------

@@ -116,7 +116,7 @@ def filter_logits(logits, temperature=1.0, top_k=0, top_p=1.0):
 def uniform(shape, seed, step):
     """Uniform numbers in (0, 1) of `shape`, a function of the integers `seed` and `step`
     (tensors) alone: TensorFlow's and JAX's stateless generators, or a torch generator seeded
-    from both (torch runs eagerly). TensorFlow's draws differ with XLA (`jit_compile=True`):
+    from both (run eagerly, also inside a compiled step). TensorFlow's draws differ with XLA (`jit_compile=True`):
     its stateless generator orders its stream otherwise there."""
     backend = keras.backend.backend()
     tiny = 1e-7
@@ -132,13 +132,29 @@ def uniform(shape, seed, step):
                                  ops.cast(step, "int32"))
         return jax.random.uniform(key, shape, minval=tiny, maxval=1.0)
     if backend == "torch":
+        return _torch_draws()(tuple(int(d) for d in shape), seed, step, tiny)
+    raise ValueError(f"Sampling is not implemented for the {backend!r} backend.")
+
+
+_TORCH_DRAWS = []
+
+
+def _torch_draws():
+    """torch's draws of `uniform`: a CPU generator seeded from `seed` and `step`, run eagerly
+    even inside a compiled decoding step (`torch.compiler.disable`: reading the seed's value
+    is a graph break TorchDynamo would otherwise split the step at)."""
+    if not _TORCH_DRAWS:
         import torch
 
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(int(seed) * 1_000_003 + int(step))
-        draws = torch.rand(tuple(int(d) for d in shape), generator=generator)
-        return ops.convert_to_tensor(tiny + (1.0 - tiny) * draws)
-    raise ValueError(f"Sampling is not implemented for the {backend!r} backend.")
+        @torch.compiler.disable
+        def draws(shape, seed, step, tiny):
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(int(seed) * 1_000_003 + int(step))
+            return ops.convert_to_tensor(
+                tiny + (1.0 - tiny) * torch.rand(shape, generator=generator))
+
+        _TORCH_DRAWS.append(draws)
+    return _TORCH_DRAWS[0]
 
 
 def sample(logits, seed, step):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-from keras import ops
 
 from keras_attn._checks import check_number
 from keras_attn.layers.position_encoding import RotaryEmbedding
+from keras_attn.ops.position import constant
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -66,7 +66,9 @@ class FrequencyRotaryEmbedding(RotaryEmbedding):
             raise ValueError(
                 f"The rotated features must number twice the {len(self._frequencies)} "
                 f"inverse frequencies. Received: inputs with {depth} features")
-        return ops.convert_to_tensor(np.asarray(self._frequencies, "float32"))  # (d/2,)
+        frequencies = tuple(self._frequencies)
+        return constant(("frequencies", frequencies),
+                        lambda: np.asarray(frequencies, "float32"))  # (d/2,)
 
     def get_config(self):
         config = super().get_config()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -24,9 +25,30 @@ def scaled_inverse_frequencies(depth: int, max_wavelength: float = 10000.0,
     `max_wavelength^(-2i/d) / scaling_factor` (linear position interpolation when
     `scaling_factor > 1`; `rope_inverse_frequencies`' `"linear"` type)."""
     scaled = scaling_factor != 1
-    return ops.convert_to_tensor(rope_inverse_frequencies(
-        int(depth), max_wavelength, "linear" if scaled else "default",
-        factor=scaling_factor if scaled else None))
+    return constant(("rope", int(depth), max_wavelength, scaling_factor),
+                    lambda: rope_inverse_frequencies(
+                        int(depth), max_wavelength, "linear" if scaled else "default",
+                        factor=scaling_factor if scaled else None))
+
+
+_CONSTANTS: dict = {}
+
+
+def constant(key: tuple, make):
+    """`ops.convert_to_tensor(make())` (`make` returns a NumPy array); on torch, one tensor per
+    `key` made outside `torch.compile` and reused, since converting NumPy inside a compiled
+    decoding step would break its graph (`keras_attn.decoding.stepwise`). Other backends
+    convert each call: a cached tensor would leak out of the graph that made it."""
+    if keras.backend.backend() != "torch":
+        return ops.convert_to_tensor(make())
+    import torch
+
+    if key not in _CONSTANTS:
+        value = ops.convert_to_tensor(make())
+        if torch.compiler.is_compiling():
+            return value
+        _CONSTANTS[key] = value
+    return _CONSTANTS[key]
 
 
 def _axis(name: str, axis, rank: int) -> int:
