@@ -64,10 +64,9 @@ def _transformers_model(args):
 def main(argv=None) -> None:
     args = parse_args(argv)
     os.environ["KERAS_BACKEND"] = args.backend
-    from _common import header, median, sync, time_alternating
-
     import keras_hub
     import numpy as np
+    from _common import header, median, sync, time_alternating
 
     import keras_attn as ka
 
