@@ -43,6 +43,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="leave transformers out (torch)")
     parser.add_argument("--no-compile", action="store_true",
                         help="leave keras_attn's jit_compile=True out (torch)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch: torch.set_num_threads(N) for every contender (0: "
+                             "torch's default; 1 avoids the stalls of 2 threads on a loaded "
+                             "2-core machine)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="torch: after the timings, profile one call of each contender "
                              "(torch.profiler) and print its N costliest ops by self time")
@@ -76,7 +80,8 @@ def main(argv=None) -> None:
     total = args.prompt + args.new_tokens
     print(f"{args.layers} layers, d {args.dim}, {args.heads} heads, ffn {args.ffn}, vocab "
           f"{args.vocab}; prompt {args.prompt} + {args.new_tokens} new tokens; "
-          f"{args.rounds} alternating rounds")
+          f"{args.rounds} alternating rounds"
+          + (f"; torch threads {args.threads}" if args.threads else ""))
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=args.vocab, num_layers=args.layers, num_heads=args.heads,
         hidden_dim=args.dim, intermediate_dim=args.ffn, dropout=0.0,
@@ -89,6 +94,10 @@ def main(argv=None) -> None:
         max_sequence_length=args.positions, norm="layer", activation="gelu",
         tie_word_embeddings=True)
     torch_backend = args.backend == "torch"
+    if torch_backend and args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     hf = _transformers_model(args) if torch_backend and not args.no_transformers else None
     names = ["keras_hub", "keras_attn"]
     if torch_backend and not args.no_compile:

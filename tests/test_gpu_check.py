@@ -32,7 +32,9 @@ def test_gpu_check_dry_run_on_torch_prints_every_part_and_passes():
     correctness = [row for row in rows if row[0] == "a" and "mask kinds" in row[2]]
     assert [row[5] for row in correctness] == ["pass", "pass"]  # float32, bfloat16
     assert not any(row[5].startswith("FAIL") for row in rows)
-    assert any("transformers" in row[4] for row in rows if row[0] == "d")
+    generation = [row for row in rows if row[0] == "d"]
+    assert [", B1," in row[2] for row in generation] == [True, False]  # batch 1, then the size's
+    assert all("transformers" in row[4] for row in generation)
 
 
 @pytest.mark.slow
