@@ -101,8 +101,28 @@ def while_loop(cond, body, loop_vars: tuple) -> tuple:
         return ops.while_loop(cond, body, loop_vars)
     step = compiled_step(body)
     loop_vars = tuple(loop_vars)
+    done = 0
     while bool(cond(*loop_vars)):
-        loop_vars = tuple(step(*loop_vars))
+        with _guards(checked=_MODE.get() is None or done < _CHECKED_STEPS):
+            loop_vars = tuple(step(*loop_vars))
+        done += 1
         if on_step is not None and on_step(loop_vars):
             break
     return loop_vars
+
+
+# Steps whose compiled code TorchDynamo picks by evaluating all its guards; after them the
+# loop's variables keep their types, shapes and dtypes (a loop body returns what it takes), so
+# the later steps skip the full evaluation (7.5 ms a step at GPT-2's size, a fifth of a step
+# of a 4-layer d256 model on a CPU) and only tell apart the code compiled for other settings.
+_CHECKED_STEPS = 2
+
+
+def _guards(checked: bool):
+    """A context where TorchDynamo evaluates every guard (`checked`) or only those that tell
+    its compiled entries apart (`skip_guard_eval_unsafe`)."""
+    if checked:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
