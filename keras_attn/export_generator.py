@@ -229,7 +229,6 @@ def checkpoint_preprocessor(tokenizer, spec) -> CausalLMPreprocessor:
     it; a spec of another task than `"causal_lm"` is refused."""
     from keras_attn.checkpoints import generation_ids
     from keras_attn.checkpoints.canonical import check_spec
-
     from keras_attn.checkpoints.tokenizer_base import CheckpointTokenizer
 
     check_spec(spec)

@@ -16,7 +16,6 @@ from keras_attn.models.lora import DEFAULT_TARGETS, enable_lora
 from keras_attn.preprocessing import CausalLMPreprocessor, PretrainedTokenizer
 from keras_attn.tasks.task import DEFAULT_BATCH_SIZE, Task, check_not_empty, is_text
 
-
 # The largest key/value cache `generate` builds for one prompt (float32 keys and values of
 # every layer): a longer `max_length` is refused before any memory is asked for.
 MAX_CACHE_BYTES = 2**32
