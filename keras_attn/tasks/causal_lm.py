@@ -16,9 +16,17 @@ from keras_attn.models.lora import DEFAULT_TARGETS, enable_lora
 from keras_attn.preprocessing import CausalLMPreprocessor, PretrainedTokenizer
 from keras_attn.tasks.task import DEFAULT_BATCH_SIZE, Task, check_not_empty, is_text
 
-# The largest key/value cache `generate` builds for one prompt (float32 keys and values of
-# every layer): a longer `max_length` is refused before any memory is asked for.
-MAX_CACHE_BYTES = 2**32
+# The memory assumed when the machine's cannot be read (`_memory_bytes`).
+UNKNOWN_MEMORY_BYTES = 64 * 2**30
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory in bytes: a key/value cache larger than it for one
+    prompt is refused before any memory is asked for."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return UNKNOWN_MEMORY_BYTES
 
 
 def _backbone(backbone) -> TransformerDecoderOnly:
@@ -193,7 +201,8 @@ class CausalLM(Task):
                 `(B, P)` right-padded with the padding id, or a dict `{"token_ids",
                 "padding_mask"}` (keras-hub's form).
             max_length: int, the longest sequence, prompt included (the cache's positions;
-                at most the model's position table, and a cache of at most 4 GiB per prompt).
+                at most the model's position table, and a cache per prompt that fits in
+                this machine's memory).
                 A text prompt that leaves room for a new token is kept whole; a longer one
                 keeps its last tokens, with a warning. Defaults to the preprocessor's
                 `sequence_length` (token ids without one: required).
@@ -269,7 +278,8 @@ class CausalLM(Task):
 
     def _check_positions(self, max_length: int) -> None:
         """A ValueError naming `max_length` when the backbone cannot hold that many positions:
-        its position table's length, or a static cache over `MAX_CACHE_BYTES` for one row."""
+        its position table's length, or a static cache for one prompt (keys and values of
+        every layer, in the compute dtype) larger than this machine's memory."""
         table = getattr(self.backbone, "max_sequence_length", None)
         if isinstance(table, int) and max_length > table:
             raise ValueError(
@@ -280,11 +290,13 @@ class CausalLM(Task):
         heads = attention.get("num_key_value_heads") or attention.get("num_heads") or 1
         head_dim = attention.get("head_dim") or config.get("hidden_dim", 1) // max(
             attention.get("num_heads") or 1, 1)
-        per_row = 2 * 4 * config.get("num_layers", 1) * heads * head_dim * max_length
-        if per_row > MAX_CACHE_BYTES:
+        itemsize = 2 if self.backbone.compute_dtype in ("float16", "bfloat16") else 4
+        per_row = 2 * itemsize * config.get("num_layers", 1) * heads * head_dim * max_length
+        memory = _memory_bytes()
+        if per_row > memory:
             raise ValueError(
                 f"Argument `max_length` asks for a key/value cache of {per_row / 2**30:.1f} GiB "
-                f"per prompt (more than {MAX_CACHE_BYTES // 2**30} GiB). Received: "
+                f"per prompt, more than this machine's {memory / 2**30:.1f} GiB. Received: "
                 f"max_length={max_length}")
 
     def _generate_text(self, inputs, max_length, stop_token_ids, strip_prompt, sampler,
