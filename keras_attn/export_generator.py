@@ -229,11 +229,17 @@ def checkpoint_preprocessor(tokenizer, spec) -> CausalLMPreprocessor:
     it; a spec of another task than `"causal_lm"` is refused."""
     from keras_attn.checkpoints import generation_ids
     from keras_attn.checkpoints.canonical import check_spec
+    from keras_attn.checkpoints.tokenizer_base import CheckpointTokenizer
 
     check_spec(spec)
     if spec.task != "causal_lm":
         raise ValueError(f"Argument `spec` must describe a causal language model. Received: "
                          f"spec.task={spec.task!r}")
+    if not isinstance(tokenizer, CheckpointTokenizer):
+        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+            "Argument `tokenizer` must be the checkpoint's tokenizer "
+            "(keras_attn.checkpoints.load_tokenizer). Received: "
+            f"tokenizer={tokenizer!r:.100}")
     ids = generation_ids(spec)
     wrapped = PretrainedTokenizer.from_tokenizer(
         tokenizer, start_token_id=spec.bos_token_id, end_token_ids=ids["stop_token_ids"],

@@ -88,6 +88,9 @@ def test_export_refusals(tmp_path):
         export_checkpoint_generator(bert, bert_tokenizer, bert_spec, str(tmp_path / "b"), 32)
     with pytest.raises(ValueError, match="argument `spec`"):  # was an AttributeError
         export_checkpoint_generator(model, tokenizer, None, str(tmp_path / "c"), 32)
+    for bad in (None, "tokenizer.json"):  # was an AttributeError on vocab_size
+        with pytest.raises(ValueError, match=f"Argument `tokenizer`.*tokenizer={bad!r}"):
+            export_checkpoint_generator(model, bad, spec, str(tmp_path / "d"), 32)
     assert not any(tmp_path.iterdir())
     check_never_writes_over_anything(
         lambda path: export_checkpoint_generator(model, tokenizer, spec, path, 32), tmp_path)

@@ -118,6 +118,20 @@ def test_a_single_file_beside_a_shard_index_is_what_is_read():
         assert not np.array_equal(shards[key], value)
 
 
+@pytest.mark.parametrize("weight_map, message", [
+    (["a", "b"], "has no `weight_map`"),
+    ({"a": 3}, re.escape("weight_map['a']=3")),
+    ({"a": None}, re.escape("weight_map['a']=None")),
+])
+def test_a_damaged_index_beside_the_single_file_is_refused(tmp_path, weight_map, message):
+    """The single file is read, as transformers reads it; the damaged index beside it was
+    passed over silently."""
+    path = damaged(tmp_path, "both", "llama_both")
+    write_json(path / "model.safetensors.index.json", {"weight_map": weight_map})
+    with pytest.raises(ValueError, match=r"index\.json.*" + message):
+        load_hf_checkpoint(str(path))
+
+
 def write_json(path, value):
     with open(path, "w", encoding="utf-8") as file:
         json.dump(value, file)

@@ -157,6 +157,36 @@ def test_bad_texts_and_ids_are_refused():
         tokenizer.decode([[a]], skip_special_tokens=tf.constant(True))
 
 
+def test_wordpiece_without_a_decoder_joins_tokens_with_spaces(tmp_path):
+    """`tokenizers` writes `"decoder": null` when none is set; it was refused."""
+    directory = edited_copy(tmp_path, "wordpiece", lambda s: s.update(decoder=None))
+    reference = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+    tokenizer = load_tokenizer(directory)
+    for text in SAMPLE:
+        assert tokenizer.encode([text]).to_list()[0] == reference.encode(text).ids
+    rng = random.Random(7)
+    batches = [[rng.randrange(reference.get_vocab_size()) for _ in range(rng.randrange(1, 9))]
+               for _ in range(200)]
+    for skip in (True, False):
+        decoded = [t.decode() for t in tokenizer.decode(
+            batches, skip_special_tokens=skip).numpy()]
+        assert decoded == reference.decode_batch(batches, skip_special_tokens=skip)
+
+
+def test_a_bert_checkpoint_without_a_decoder_classifies(tmp_path):
+    from keras_attn.tasks import TextClassifier
+
+    path = tmp_path / "bert"
+    shutil.copytree(fx.hf_checkpoint("bert_mlm"), path)
+    with open(path / "tokenizer.json", encoding="utf-8") as file:
+        spec = json.load(file)
+    spec["decoder"] = None
+    with open(path / "tokenizer.json", "w", encoding="utf-8") as file:
+        json.dump(spec, file)
+    classifier = TextClassifier.from_pretrained(str(path), num_classes=2, sequence_length=16)
+    assert classifier.predict(["a b", "c"], verbose=0).shape == (2, 2)
+
+
 def test_wordpiece_cleanup_of_tokens_with_spaces(tmp_path):
     # a vocabulary whose tokens hold spaces gets the decoder's cleanup pattern by pattern
     def spaced(spec):

@@ -41,16 +41,18 @@ def test_weights_of_each_configuration(kwargs, count, tmp_path):
                    run_mixed_precision=False)
 
 
-def test_a_layer_of_the_users_that_calls_multi_head_infers_its_output():
+@pytest.mark.parametrize("kernel", [
+    {}, {"implementation": "chunked"}, {"implementation": "chunked", "chunk_size": 2}])
+def test_a_layer_of_the_users_that_calls_multi_head_infers_its_output(kernel):
     """A subclassed layer with no `compute_output_spec` that calls MultiHead, in a functional
     model on inputs of unknown batch and length: Keras runs its `call` symbolically (on JAX
-    with symbolic sizes, which MultiHead once refused as not a shape), as it does for
-    `keras.layers.MultiHeadAttention`."""
+    with symbolic sizes, which MultiHead once refused as not a shape, and the chunked kernel
+    could not size its blocks from), as it does for `keras.layers.MultiHeadAttention`."""
 
     class Wrapper(keras.layers.Layer):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
-            self.attention = ka.MultiHead(num_heads=2, key_dim=4)
+            self.attention = ka.MultiHead(num_heads=2, key_dim=4, **kernel)
 
         def call(self, x, mask):
             return self.attention(x, x, query_mask=mask, key_mask=mask, use_causal_mask=True)

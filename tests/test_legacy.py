@@ -9,6 +9,7 @@ additive, ALiBi and T5 attention, a SwiGLU FFN and the two position-bias layers,
 and outputs in `layers_v0.npz`. The models of 0.1 and 0.2 are `tests/test_legacy_models.py`'s.
 """
 
+import inspect
 import pathlib
 import warnings
 
@@ -312,7 +313,26 @@ BOTH = [
                  id="PatchEmbedding-embed_dim"),
     pytest.param(lambda: models.LengthPredictor(6, max_length=6), "max_length",
                  id="LengthPredictor-max_length"),
+    # Today's name given with its default value: the earlier name won silently.
+    pytest.param(lambda: models.causal_lm(12, hidden_dim=default(models.causal_lm, "hidden_dim"),
+                                          embed_dim=16), "embed_dim",
+                 id="causal_lm-embed_dim-default"),
+    pytest.param(lambda: models.causal_lm(12, 2, default(models.causal_lm, "hidden_dim"),
+                                          embed_dim=16), "embed_dim",
+                 id="causal_lm-embed_dim-default-positional"),
+    pytest.param(lambda: models.causal_lm(12, max_sequence_length=None, max_length=8),
+                 "max_length", id="causal_lm-max_length-default"),
+    pytest.param(lambda: models.transformer_seq2seq(
+        12, 14, hidden_dim=default(models.transformer_seq2seq, "hidden_dim"), embed_dim=16),
+        "embed_dim", id="transformer_seq2seq-embed_dim-default"),
+    pytest.param(lambda: models.bahdanau_seq2seq(
+        12, 14, embedding_dim=default(models.bahdanau_seq2seq, "embedding_dim"), embed_dim=4),
+        "embed_dim", id="bahdanau_seq2seq-embed_dim-default"),
 ]
+
+
+def default(function, name):
+    return inspect.signature(function).parameters[name].default
 
 
 @pytest.mark.parametrize("make, name", BOTH)

@@ -307,6 +307,10 @@ def test_get_takes_names_configs_instances_and_classes():
     (lambda: samplers.get("nucleus"), "sampler"), (lambda: samplers.get(3), "sampler"),
     (lambda: samplers.get(None), "sampler"),
     (lambda: samplers.Random(keras.ops.convert_to_tensor(-2.0)), "temperature"),
+    (lambda: samplers.Random(temperature=None), "temperature"),
+    (lambda: samplers.Random(seed="1"), "seed"), (lambda: samplers.TopK(k=None), "k"),
+    (lambda: samplers.MinP(min_p="0.1"), "min_p"), (lambda: samplers.TopP(p=[0.5]), "p"),
+    (lambda: samplers.TopP(p=b"0.5"), "p"),
 ])
 def test_bad_arguments_name_the_argument(make, name):
     with pytest.raises(ValueError, match=f"argument `{name}`.*Received: {name}="):

@@ -119,14 +119,23 @@ def test_keras_file_keeps_the_preprocessor_and_the_search(request, tmp_path, kin
 
 
 def test_the_export_answers_what_the_task_answers(translator, tmp_path):
+    texts = RAW + ["", " \t "]  # no token: "" on both paths
     path = translator.export(str(tmp_path / "saved"), beam_size=3)
     served = tf.saved_model.load(path)
-    out = served.signatures["translate"](text=tf.constant(RAW))
+    out = served.signatures["translate"](text=tf.constant(texts))
     assert [t.decode() for t in out["translation"].numpy()] == translator.translate(
-        RAW, sampler=ka.decoding.Beam(3))
+        texts, sampler=ka.decoding.Beam(3))
     greedy = served.signatures["translate_with_settings"](
-        text=tf.constant(RAW), beam_size=tf.constant(1))
-    assert [t.decode() for t in greedy["translation"].numpy()] == translator.translate(RAW)
+        text=tf.constant(texts), beam_size=tf.constant(1))
+    assert [t.decode() for t in greedy["translation"].numpy()] == translator.translate(texts)
+
+
+@pytest.mark.parametrize("kind", ["at", "nat"])
+def test_a_source_without_tokens_translates_to_the_empty_string(translator, nat, kind):
+    task = translator if kind == "at" else nat
+    assert task.translate("") == "" and task.translate(" \t\n") == ""
+    texts = task.translate(["", RAW[0], "  "])
+    assert texts[0] == texts[2] == "" and texts[1] == task.translate(RAW[0]) != ""
 
 
 def test_sentencepiece_vocabularies_survive_the_config(tmp_path):

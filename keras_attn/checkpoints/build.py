@@ -247,6 +247,7 @@ def set_weights(model: keras.Model, spec: ArchitectureSpec,
         variable.assign(value.astype(np.float32) if value.dtype != np.float32 else value)
 
 
+@legacy.records_given
 def build_model(spec: ArchitectureSpec, weights: dict[str, np.ndarray] | None = None,
                 dtype: str | None = None, max_sequence_length: int | None = None,
                 **kernel) -> keras.Model:

@@ -60,6 +60,8 @@ def _shard_files(path: str) -> tuple[list[str], dict[str, str] | None]:
         index = os.path.join(path, SAFETENSORS_INDEX)
         single = os.path.join(path, SAFETENSORS_FILE)
         if os.path.isfile(single):
+            if os.path.isfile(index):  # not read, but a damaged one is not passed over
+                _weight_map(index)
             path = single
         elif os.path.isfile(index):
             path = index
@@ -74,16 +76,7 @@ def _shard_files(path: str) -> tuple[list[str], dict[str, str] | None]:
         raise ValueError(f"Received an invalid value for argument `path`, expected an existing "
                          f"file or directory. Received: path={path!r}")
     if path.endswith(".index.json"):
-        weight_map = _read_json(path).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"The index {path!r} has no `weight_map` of tensor names to shard "
-                             f"files. Received: weight_map={_short(weight_map)}")
-        for name, shard in weight_map.items():
-            if not isinstance(shard, str) or not shard.endswith(".safetensors") or (
-                    os.path.basename(shard) != shard):
-                raise ValueError(f"The index {path!r} must map every tensor to the name of a "
-                                 "`.safetensors` file beside it. Received: weight_map"
-                                 f"[{name!r}]={_short(shard)}")
+        weight_map = _weight_map(path)
         folder = os.path.dirname(path)
         shards = sorted(set(weight_map.values()))
         missing = [name for name in shards if not os.path.isfile(os.path.join(folder, name))]
@@ -96,6 +89,22 @@ def _shard_files(path: str) -> tuple[list[str], dict[str, str] | None]:
                          f"`.safetensors` file, an `.index.json` file or a directory. "
                          f"Received: path={path!r}")
     return [path], None
+
+
+def _weight_map(path: str) -> dict[str, str]:
+    """The `weight_map` of the shard index at `path`: tensor names to the names of
+    `.safetensors` files beside it; anything else is a ValueError naming the file and key."""
+    weight_map = _read_json(path).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"The index {path!r} has no `weight_map` of tensor names to shard "
+                         f"files. Received: weight_map={_short(weight_map)}")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard.endswith(".safetensors") or (
+                os.path.basename(shard) != shard):
+            raise ValueError(f"The index {path!r} must map every tensor to the name of a "
+                             "`.safetensors` file beside it. Received: weight_map"
+                             f"[{name!r}]={_short(shard)}")
+    return weight_map
 
 
 def _short(value) -> str:

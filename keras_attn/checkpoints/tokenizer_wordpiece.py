@@ -12,7 +12,8 @@ always to σ, as Rust's `char::to_lowercase` does; ICU would write a final ς).
 `P*`); the words go through tensorflow-text's `FastWordpieceTokenizer` (longest match first,
 `[UNK]` for a word it cannot cover or longer than `max_input_chars_per_word` characters). The
 `WordPiece` decoder joins `##` pieces, puts a space before the others and applies its cleanup
-to each token.
+to each token; without a decoder (`"decoder": null`) the tokens are joined with spaces, as the
+`tokenizers` library joins them.
 """
 
 from __future__ import annotations
@@ -109,8 +110,11 @@ class WordPieceTokenizer(CheckpointTokenizer):
         if (spec.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer":
             refuse_tokenizer("pre_tokenizer", spec.get("pre_tokenizer"),
                              "expected BertPreTokenizer")
-        decoder = expect_component(spec, "decoder", lambda d: d.get("type") == "WordPiece",
-                                   "expected WordPiece")
+        # No decoder (`"decoder": null`, what `tokenizers` writes when none is set): the
+        # library then joins the tokens with spaces, as they are.
+        self._joined = spec.get("decoder") is None
+        decoder = {} if self._joined else expect_component(
+            spec, "decoder", lambda d: d.get("type") == "WordPiece", "expected WordPiece")
         model = spec["model"]
         vocab = model_vocab(model)
         if sorted(vocab.values()) != list(range(len(vocab))):
@@ -161,6 +165,9 @@ class WordPieceTokenizer(CheckpointTokenizer):
     def _decode_ids(self, ids):
         tokens = tf.gather(self._strings, ids).flat_values
         position = row_positions(ids)
+        if self._joined:  # no decoder: the tokens joined with spaces
+            tokens = tf.where(position == 0, tokens, tf.strings.join([" ", tokens]))
+            return join_rows(ids.with_flat_values(tokens))
         size = len(self._decode_prefix.encode())
         continued = tf.equal(tf.strings.substr(tokens, 0, size), self._decode_prefix)
         stripped = tf.strings.regex_replace(tokens, "^" + _literal(self._decode_prefix), "")

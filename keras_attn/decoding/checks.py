@@ -75,8 +75,16 @@ SETTINGS = {"max_new_tokens": POSITIVE_INT, "temperature": TEMPERATURE,
 
 def _kind(value) -> str:
     """"int", "float", "bool" or another dtype name, for a number, array or tensor."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):  # beyond int64 too (NumPy holds those as objects)
+        return "int"
     dtype = getattr(value, "dtype", None)
-    dtype = keras.backend.standardize_dtype(np.asarray(value).dtype if dtype is None else dtype)
+    if dtype is None:
+        dtype = np.asarray(value).dtype
+        if dtype.kind not in "biuf":  # None, str, ...: no number (the caller names it)
+            return dtype.name
+    dtype = keras.backend.standardize_dtype(dtype)
     return "bool" if dtype == "bool" else "int" if "int" in dtype else (
         "float" if "float" in dtype else dtype)
 
@@ -100,7 +108,8 @@ def scalar(name: str, value, kind: tuple):
     """
     expected, integer, condition = kind
     message = _message(name, expected)
-    shape = getattr(value, "shape", None)
+    shape = np.shape(value) if isinstance(value, (list, tuple)) else getattr(value, "shape",
+                                                                             None)
     value_kind = _kind(value)
     if (shape is not None and len(shape) != 0) or value_kind not in ("int", "float") or (
             integer and value_kind != "int"):

@@ -21,8 +21,12 @@ COLDEST = 1e-6
 
 
 def scale(logits, temperature):
-    """`logits / temperature` (float32), a temperature of 0 read as `COLDEST`."""
-    return ops.cast(logits, "float32") / ops.maximum(ops.cast(temperature, "float32"), COLDEST)
+    """`logits / temperature` (float32), a temperature of 0 read as `COLDEST`; logits at
+    `NEG` or below (tokens that may not be chosen) stay there, so that no temperature, however
+    high, lifts them to the real tokens' level."""
+    logits = ops.cast(logits, "float32")
+    scaled = logits / ops.maximum(ops.cast(temperature, "float32"), COLDEST)
+    return ops.where(logits <= NEG, ops.minimum(logits, NEG), scaled)
 
 
 def top_k_filter(logits, k):

@@ -22,7 +22,9 @@ ValueError (`said`: the caller's parameters given).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import threading
 
 from keras_attn._checks import check_positive_int, warn_deprecated
 from keras_attn.layers.config import PROJECTIONS, AttentionConfig
@@ -40,11 +42,40 @@ RENAMED = {
 ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionConfig))
 
 
+_CALLS = threading.local()  # .stack: (function, names given) of the calls `records_given` saw
+
+
+def records_given(function):
+    """Decorate `function` so that `said` knows which of its parameters a call named, even
+    those given with their default value (`causal_lm(embed_dim=16, hidden_dim=128)`).
+
+    For functions people call directly (builders); a class's `__init__` reached through
+    `super()` from subclasses that pass every argument on would name them all."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        names = frozenset(signature.bind_partial(*args, **kwargs).arguments)
+        stack = _CALLS.__dict__.setdefault("stack", [])
+        stack.append((function, names))
+        try:
+            return function(*args, **kwargs)
+        finally:
+            stack.pop()
+
+    return wrapper
+
+
 def said(function, **values) -> dict:
     """The arguments among `values` (today's names of `function`'s parameters, with the values
-    a call received) that differ from their defaults: those the caller gave. `rename` and
-    `take` refuse an earlier name beside one of them (a value equal to its default cannot be
-    told from one not given)."""
+    a call received) that the caller gave: those its call named when `function` is decorated
+    with `records_given`, else those that differ from their defaults (a value equal to its
+    default cannot be told from one not given then). `rename` and `take` refuse an earlier
+    name beside one of them."""
+    target = inspect.unwrap(function)
+    for called, names in reversed(getattr(_CALLS, "stack", [])):
+        if called is target:
+            return {name: value for name, value in values.items() if name in names}
     parameters = inspect.signature(function).parameters
     return {name: value for name, value in values.items()
             if value is not parameters[name].default and value != parameters[name].default}

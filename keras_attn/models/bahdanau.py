@@ -307,6 +307,7 @@ class BahdanauDecoder(_BahdanauStack):
 
 
 
+@legacy.records_given
 def bahdanau_seq2seq(
     source_vocabulary_size: int | None = None,
     target_vocabulary_size: int | None = None,

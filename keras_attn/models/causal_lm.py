@@ -14,6 +14,7 @@ from keras_attn.models.decoder_only import TransformerDecoderOnly
 _EMBEDDED = ("sinusoidal", "learned")
 
 
+@legacy.records_given
 def causal_lm(
     vocabulary_size: int | None = None,
     num_layers: int = 2,

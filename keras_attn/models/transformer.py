@@ -270,6 +270,7 @@ class TransformerDecoder(_Stack):
         return logits, keras.KerasTensor(weights_shape, dtype="float32")
 
 
+@legacy.records_given
 def transformer_seq2seq(
     source_vocabulary_size: int | None = None,
     target_vocabulary_size: int | None = None,

@@ -97,8 +97,14 @@ class CausalLMPreprocessor(keras.layers.Layer):
         """The prompts as the model reads them when generating up to `max_length` ids.
 
         A prompt keeps its most recent tokens, as many as leave room for `max_new_tokens` new
-        ones, but at least half of the positions; an empty prompt of a tokenizer without a
-        template starts from its start id.
+        ones, but at least half of the positions; with `max_new_tokens=None` a prompt that
+        leaves room for one new token is kept whole (a longer one keeps its end). An empty
+        prompt of a tokenizer without a template starts from its start id.
+
+        Args:
+            texts: strings `(B,)`.
+            max_length: int, the positions: template, prompt and new tokens.
+            max_new_tokens: int, int32 scalar tensor (at most `2**31 - 1`) or None.
 
         Returns:
             dict: `token_ids` int32 `(B, P)` right-padded with the padding id, `lengths` int32
@@ -116,7 +122,10 @@ class CausalLMPreprocessor(keras.layers.Layer):
             raise ValueError(
                 f"Argument `max_length` must leave room for the template's {template} ids, a "
                 f"prompt token and a new one. Received: max_length={max_length}")
-        room = tf.minimum(tf.cast(max_new_tokens, tf.int32), (max_length - 1) // 2)
+        if max_new_tokens is None:  # the whole prompt when it fits, as transformers keeps it
+            room = 1
+        else:
+            room = tf.minimum(tf.cast(max_new_tokens, tf.int32), (max_length - 1) // 2)
         kept = max_length - room - template  # >= 1
         truncated = body.row_lengths() > tf.cast(kept, tf.int64)
         body = body[:, -kept:]
@@ -138,10 +147,13 @@ class CausalLMPreprocessor(keras.layers.Layer):
                 "lengths": tf.cast(ids.row_lengths(), tf.int32), "truncated": truncated,
                 "context": tokenizer.detokenize(ids)}
 
-    def generate_postprocess(self, tokens, lengths, limits=None, stop_ids=None):
+    def generate_postprocess(self, tokens, lengths, limits=None, stop_ids=None,
+                             keep_prompt: bool = False):
         """The text of the continuations in `tokens` `(B, L)` whose prompts have `lengths`
         `(B,)`: from the end of the prompt to the first stop id (excluded; default the
-        tokenizer's end ids) or `limits` `(B,)`; special tokens dropped. Strings `(B,)`."""
+        tokenizer's end ids) or `limits` `(B,)`; special tokens dropped. With `keep_prompt`,
+        the text of the prompt and its continuation detokenized as one sequence (so a
+        word-level tokenizer's separator joins them). Strings `(B,)`."""
         import tensorflow as tf
 
         tokens = tf.convert_to_tensor(keras.ops.convert_to_numpy(tokens) if not tf.is_tensor(
@@ -157,7 +169,8 @@ class CausalLMPreprocessor(keras.layers.Layer):
         stops = tf.constant(stop_ids, tf.int32, shape=[len(stop_ids)])
         ends = tf.reduce_any(tokens[:, :, None] == stops[None, None, :], axis=-1)
         ended = tf.cumsum(tf.cast(ends & new, tf.int32), axis=1) > 0  # the end and after
-        return self.tokenizer.detokenize(tf.ragged.boolean_mask(tokens, new & ~ended))
+        kept = (positions < limits[:, None]) if keep_prompt else new  # (B, L)
+        return self.tokenizer.detokenize(tf.ragged.boolean_mask(tokens, kept & ~ended))
 
     def __call__(self, texts):
         # Strings are TensorFlow tensors whatever the backend: no conversion to the backend's.

@@ -3,14 +3,30 @@ LoRA, samplers, `.keras` and SavedModel export."""
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import keras
 import numpy as np
 
-from keras_attn._checks import check_int
+from keras_attn._checks import check_bool, check_int
+from keras_attn.decoding import checks
 from keras_attn.models.decoder_only import TransformerDecoderOnly
 from keras_attn.models.lora import DEFAULT_TARGETS, enable_lora
 from keras_attn.preprocessing import CausalLMPreprocessor, PretrainedTokenizer
-from keras_attn.tasks.task import Task, is_text
+from keras_attn.tasks.task import DEFAULT_BATCH_SIZE, Task, check_not_empty, is_text
+
+# The memory assumed when the machine's cannot be read (`_memory_bytes`).
+UNKNOWN_MEMORY_BYTES = 64 * 2**30
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory in bytes: a key/value cache larger than it for one
+    prompt is refused before any memory is asked for."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return UNKNOWN_MEMORY_BYTES
 
 
 def _backbone(backbone) -> TransformerDecoderOnly:
@@ -130,6 +146,37 @@ class CausalLM(Task):
         every other weight frozen. Compile again before `fit`."""
         return enable_lora(self.backbone, rank, target_names, alpha)
 
+    def fit(self, x=None, y=None, batch_size=None, validation_data=None, **kwargs):
+        """`keras.Model.fit`; in-memory strings are tokenized once, up front, into arrays
+        that Keras batches (`batch_size`, 32 by default), shuffles every epoch (`shuffle`,
+        seeded by `keras.utils.set_random_seed`) and splits (`validation_split`), each row
+        weighted by its real tokens; a tf.data dataset of strings goes through the
+        preprocessor batch by batch (in its own order); `validation_data` likewise."""
+        check_not_empty(x)
+        if self.preprocessor is not None and is_text(x) and not _is_dataset(x):
+            if y is not None:
+                raise ValueError("A CausalLM learns the next token of its texts: give `x` "
+                                 f"only (strings). Received: y={y!r:.100}")
+            if kwargs.get("sample_weight") is not None:
+                raise ValueError("A CausalLM weights each label by whether it is a real token: "
+                                 "`sample_weight` does not apply to strings.")
+            x, y, kwargs["sample_weight"] = self._arrays(x)
+            if batch_size is None:
+                batch_size = DEFAULT_BATCH_SIZE
+        elif _is_dataset(x):  # its own order (Keras warns that it ignores `shuffle`)
+            kwargs.setdefault("shuffle", False)
+        return super().fit(x, y, batch_size=batch_size, validation_data=validation_data,
+                           **kwargs)
+
+    def _arrays(self, texts):
+        """In-memory `texts` through the preprocessor: NumPy `(x, y, sample_weight)`."""
+        texts = [texts] if isinstance(texts, (str, bytes)) else texts
+        if not type(texts).__module__.startswith("tensorflow"):
+            texts = np.asarray(texts).astype(str)
+        x, y, weights = self.preprocessor(texts)
+        return ({name: value.numpy() for name, value in x.items()}, y.numpy(),
+                weights.numpy())
+
     def _text_dataset(self, x, y, batch_size):
         import tensorflow as tf
 
@@ -153,14 +200,21 @@ class CausalLM(Task):
             inputs: a str or a list of str (needs the preprocessor), or int token ids
                 `(B, P)` right-padded with the padding id, or a dict `{"token_ids",
                 "padding_mask"}` (keras-hub's form).
-            max_length: int, the longest sequence, prompt included (the cache's positions).
-                Defaults to the preprocessor's `sequence_length` (token ids without one:
-                required).
-            stop_token_ids: `"auto"` (the tokenizer's end ids), None (no stop) or a tuple of
-                ids. Defaults to `"auto"`.
-            strip_prompt: bool, return the continuation only. Defaults to `False`.
+            max_length: int, the longest sequence, prompt included (the cache's positions;
+                at most the model's position table, and a cache per prompt that fits in
+                this machine's memory).
+                A text prompt that leaves room for a new token is kept whole; a longer one
+                keeps its last tokens, with a warning. Defaults to the preprocessor's
+                `sequence_length` (token ids without one: required).
+            stop_token_ids: `"auto"` (the tokenizer's end ids), None (no stop), a token id
+                (a Python or NumPy int) or a tuple of ids. Defaults to `"auto"`.
+            strip_prompt: bool, return the continuation only; otherwise the prompt and the
+                continuation detokenized as one sequence. Defaults to `False`.
             sampler: optional sampler for this call (default: the model's). Defaults to `None`.
-            max_new_tokens: optional int, new tokens at most per row. Defaults to `None`.
+            max_new_tokens: optional int >= 1, new tokens at most per row (any larger than
+                fit means as many as fit; with it, a text prompt keeps at most its last
+                tokens that leave room for them, but at least half of the positions).
+                Defaults to `None`.
             stop_strings: optional str or list of str (text prompts only): each continuation
                 ends after the first of them it contains, which it keeps (transformers'
                 `stop_strings`). Defaults to `None`.
@@ -175,6 +229,11 @@ class CausalLM(Task):
                 raise ValueError("Argument `max_length` is required without a preprocessor.")
             max_length = self.preprocessor.sequence_length
         check_int("max_length", max_length, 2)
+        check_bool("strip_prompt", strip_prompt)
+        self._check_positions(int(max_length))
+        if max_new_tokens is not None:  # at most 2**31 - 1 (as many as fit), before any cast
+            max_new_tokens = checks.scalar("max_new_tokens", max_new_tokens,
+                                           checks.POSITIVE_INT)
         sampler = self.sampler if sampler is None else _samplers().get(sampler)
         stops = _stop_strings(stop_strings)
         if stops and not text:
@@ -199,10 +258,46 @@ class CausalLM(Task):
             pad = self.backbone.pad_id
             ids = {"stop_token_ids": (3,), "pad_id": 0 if pad is None else pad,
                    "suppressed_ids": None}
-        if stop_token_ids != "auto":
-            ids["stop_token_ids"] = () if stop_token_ids is None else tuple(
-                [stop_token_ids] if isinstance(stop_token_ids, int) else stop_token_ids)
+        if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
+            return ids
+        if stop_token_ids is None:
+            ids["stop_token_ids"] = ()
+            return ids
+        stops = [stop_token_ids] if isinstance(stop_token_ids, (int, np.integer)) else (
+            stop_token_ids)
+        if isinstance(stops, np.ndarray) and stops.ndim == 1:
+            stops = stops.tolist()
+        if not isinstance(stops, (list, tuple)) or not all(
+                isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0
+                for i in stops):
+            raise ValueError(
+                "Argument `stop_token_ids` must be \"auto\", None, a token id or a tuple of "
+                f"them (non-negative ints). Received: stop_token_ids={stop_token_ids!r:.200}")
+        ids["stop_token_ids"] = tuple(int(i) for i in stops)
         return ids
+
+    def _check_positions(self, max_length: int) -> None:
+        """A ValueError naming `max_length` when the backbone cannot hold that many positions:
+        its position table's length, or a static cache for one prompt (keys and values of
+        every layer, in the compute dtype) larger than this machine's memory."""
+        table = getattr(self.backbone, "max_sequence_length", None)
+        if isinstance(table, int) and max_length > table:
+            raise ValueError(
+                f"Argument `max_length` must be at most the model's {table} positions "
+                f"(its position table). Received: max_length={max_length}")
+        config = self.backbone.get_config()
+        attention = (config.get("block") or {}).get("attention") or {}
+        heads = attention.get("num_key_value_heads") or attention.get("num_heads") or 1
+        head_dim = attention.get("head_dim") or config.get("hidden_dim", 1) // max(
+            attention.get("num_heads") or 1, 1)
+        itemsize = 2 if self.backbone.compute_dtype in ("float16", "bfloat16") else 4
+        per_row = 2 * itemsize * config.get("num_layers", 1) * heads * head_dim * max_length
+        memory = _memory_bytes()
+        if per_row > memory:
+            raise ValueError(
+                f"Argument `max_length` asks for a key/value cache of {per_row / 2**30:.1f} GiB "
+                f"per prompt, more than this machine's {memory / 2**30:.1f} GiB. Received: "
+                f"max_length={max_length}")
 
     def _generate_text(self, inputs, max_length, stop_token_ids, strip_prompt, sampler,
                        max_new_tokens, stops=()):
@@ -210,19 +305,29 @@ class CausalLM(Task):
 
         single = isinstance(inputs, (str, bytes))
         new = max_length if max_new_tokens is None else max_new_tokens
-        prompts = self.preprocessor.generate_preprocess(inputs, max_length, new)
+        prompts = self.preprocessor.generate_preprocess(inputs, max_length, max_new_tokens)
+        if bool(np.any(prompts["truncated"].numpy())):
+            warnings.warn(
+                f"A prompt does not fit in max_length={max_length} positions with room for "
+                "new tokens: it keeps its last tokens (its beginning is cut).", stacklevel=3)
         ids = self._ids(stop_token_ids)
-        tokens = self._decode(prompts["token_ids"].numpy(), prompts["lengths"].numpy(),
-                              max_length, max_new_tokens, ids, sampler)
+        tokens = keras.ops.convert_to_numpy(self._decode(
+            prompts["token_ids"].numpy(), prompts["lengths"].numpy(), max_length,
+            max_new_tokens, ids, sampler))
         lengths = prompts["lengths"]
         limits = lengths + tf.minimum(tf.cast(new, tf.int32), max_length - lengths)
         continuation = self.preprocessor.generate_postprocess(
-            keras.ops.convert_to_numpy(tokens), lengths, limits, stop_ids=ids[
-                "stop_token_ids"])
+            tokens, lengths, limits, stop_ids=ids["stop_token_ids"])
         texts = [_cut_at_stop(t.decode("utf-8"), stops) for t in continuation.numpy()]
-        if not strip_prompt:
-            context = [t.decode("utf-8") for t in prompts["context"].numpy()]
-            texts = [c + t for c, t in zip(context, texts)]
+        if strip_prompt:
+            return texts[0] if single else texts
+        # The prompt and its continuation detokenized as one sequence (a word tokenizer joins
+        # them with its separator); a stop string counts in the continuation only.
+        whole = self.preprocessor.generate_postprocess(
+            tokens, lengths, limits, stop_ids=ids["stop_token_ids"], keep_prompt=True)
+        context = [t.decode("utf-8") for t in prompts["context"].numpy()]
+        texts = [_cut_at_stop(w.decode("utf-8"), stops, len(os.path.commonprefix([c, w.decode(
+            "utf-8")]))) for c, w in zip(context, whole.numpy())]
         return texts[0] if single else texts
 
     def _decode(self, token_ids, lengths, max_length, max_new_tokens, ids, sampler):
@@ -276,9 +381,9 @@ def _stop_strings(stop_strings) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
-    """`text` up to and including the earliest stop string it contains."""
-    ends = [text.find(s) + len(s) for s in stops if s in text]
+def _cut_at_stop(text: str, stops: tuple[str, ...], start: int = 0) -> str:
+    """`text` up to and including the earliest stop string it contains from `start` on."""
+    ends = [text.find(s, start) + len(s) for s in stops if s in text[start:]]
     return text[:min(ends)] if ends else text
 
 
@@ -286,9 +391,24 @@ def _prompt_ids(inputs):
     """Token-id prompts as `(token_ids (B, P), lengths (B,) or None)`; anything that is
     neither text nor a rank-2 batch of ids is a ValueError naming `inputs`."""
     if isinstance(inputs, dict) and set(inputs) == {"token_ids", "padding_mask"}:
-        mask = np.asarray(keras.ops.convert_to_numpy(inputs["padding_mask"])).astype(bool)
-        token_ids = keras.ops.convert_to_numpy(inputs["token_ids"])
-        return np.asarray(token_ids, "int32"), mask.sum(axis=1).astype("int32")
+        token_ids = np.asarray(keras.ops.convert_to_numpy(inputs["token_ids"]))
+        mask = np.asarray(keras.ops.convert_to_numpy(inputs["padding_mask"]))
+        if mask.dtype.kind not in "biu" or mask.shape != token_ids.shape or mask.ndim != 2 or (
+                mask.dtype.kind != "b" and not np.isin(mask, (0, 1)).all()):
+            raise ValueError(
+                "Argument `inputs[\"padding_mask\"]` must be booleans of the token ids' shape "
+                f"{token_ids.shape}. Received: padding_mask with dtype {mask.dtype} and shape "
+                f"{mask.shape}")
+        mask = mask.astype(bool)
+        lengths = mask.sum(axis=1)
+        prefix = np.arange(mask.shape[1])[None, :] < lengths[:, None]  # (B, P)
+        bad = np.flatnonzero((mask != prefix).any(axis=1) | (lengths == 0))
+        if bad.size:
+            raise ValueError(
+                "Argument `inputs[\"padding_mask\"]` must mark a right-padded prompt: each row "
+                "True for its tokens (at least one), then False. Received: padding_mask["
+                f"{bad[0]}]={mask[bad[0]].tolist()!r:.200}")
+        return token_ids, lengths.astype("int32")
     if isinstance(inputs, (list, tuple)) and np.asarray(inputs, dtype=object).dtype == object and (
             any(isinstance(t, (str, bytes)) for t in np.ravel(np.asarray(inputs, dtype=object)))):
         raise ValueError("Argument `inputs` must be a string or a flat list of strings (one "
@@ -301,3 +421,11 @@ def _prompt_ids(inputs):
             "Argument `inputs` must be a string, a list of strings, int token ids (B, P) or a "
             f"dict with `token_ids` and `padding_mask`. Received: inputs={inputs!r:.200}")
     return inputs, None
+
+
+def _is_dataset(x) -> bool:
+    if not type(x).__module__.startswith("tensorflow"):
+        return False
+    import tensorflow as tf
+
+    return isinstance(x, tf.data.Dataset)

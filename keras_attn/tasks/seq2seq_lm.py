@@ -6,10 +6,12 @@ non-autoregressive (`nat_seq2seq`: Mask-Predict) backbones."""
 from __future__ import annotations
 
 import keras
+import numpy as np
 
 from keras_attn._checks import check_int
 from keras_attn.preprocessing.seq2seq_lm import Seq2SeqLMPreprocessor
 from keras_attn.tasks.task import DEFAULT_BATCH_SIZE, Task, is_text
+from keras_attn.tokens import PAD_ID
 
 
 def _backbone(backbone) -> tuple[keras.Model, bool]:
@@ -229,6 +231,10 @@ class Seq2SeqLM(Task):
         if not text:
             return tokens
         texts = self.preprocessor.decode(tokens)
+        # A source with no token (empty, whitespace only) translates to "", as the exported
+        # `translate` answers it: an all-padding source holds nothing to translate.
+        empty = ~np.any(np.asarray(ids) != PAD_ID, axis=1)  # (B,)
+        texts = ["" if blank else t for blank, t in zip(empty, texts)]
         return texts[0] if single else texts
 
     def translate(self, texts, max_length: int | None = None, **options):

@@ -77,6 +77,7 @@ class Task(keras.Model):
     def fit(self, x=None, y=None, batch_size=None, validation_data=None, **kwargs):
         """`keras.Model.fit`; raw text goes through the preprocessor (in batches of
         `batch_size`, 32 by default), `validation_data` too."""
+        check_not_empty(x)
         x, y, batch_size = self._preprocess(x, y, batch_size, "fit")
         if validation_data is not None:
             pair = validation_data if isinstance(validation_data, tuple) else (
@@ -89,6 +90,7 @@ class Task(keras.Model):
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """`keras.Model.evaluate`; raw text goes through the preprocessor."""
+        check_not_empty(x)
         x, y, batch_size = self._preprocess(x, y, batch_size, "evaluate")
         return super().evaluate(x, y, batch_size=batch_size, **kwargs)
 
@@ -119,3 +121,11 @@ class Task(keras.Model):
             if isinstance(config.get(part), dict):
                 config[part] = keras.layers.deserialize(config[part])
         return cls(**config)
+
+
+def check_not_empty(x) -> None:
+    """A ValueError naming `x` for an empty list, tuple or array of examples (Keras would fail
+    deep inside its data adapters)."""
+    if isinstance(x, (list, tuple, np.ndarray)) and len(x) == 0:
+        raise ValueError("Argument `x` holds no examples: give at least one text (or row of "
+                         f"token ids). Received: x={x!r:.100}")

@@ -20,6 +20,7 @@ the backward pass, which Keras' seeded random ops cannot do portably.
 
 from __future__ import annotations
 
+import numpy as np
 from keras import ops
 
 from keras_attn import tuning
@@ -39,16 +40,26 @@ from keras_attn.ops.kernels.dense import dense_attention
 from keras_attn.ops.masks import MASK_VALUE, AttentionMask
 
 
+def _static(dim):
+    """A static size as a Python int, or None when it is unknown: None in a TensorFlow graph,
+    a symbolic size on JAX (Keras infers a user's layer's output with those), which blocks
+    cannot be sized from."""
+    return int(dim) if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) else None
+
+
 def _rows(x):
-    return x.shape[-2] if x.shape[-2] is not None else ops.shape(x)[-2]
+    """The rows (axis -2) of `x`: a Python int when static, else its size as the backend
+    reads it at run time."""
+    rows = _static(x.shape[-2])
+    return rows if rows is not None else ops.shape(x)[-2]
 
 
 def _static_lead(q, k) -> int:
     """The number of score matrices (sequences times heads) of `q` against `k`: the product of
-    their broadcast leading axes, an axis unknown when traced counted as 1."""
+    their broadcast leading axes, an axis unknown (or symbolic) counted as 1."""
     lead = 1
     for q_dim, k_dim in zip(q.shape[:-2], k.shape[:-2]):
-        known = [dim for dim in (q_dim, k_dim) if dim is not None]
+        known = [dim for dim in (_static(q_dim), _static(k_dim)) if dim is not None]
         lead *= max(known) if known else 1
     return lead
 
