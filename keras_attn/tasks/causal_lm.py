@@ -10,6 +10,7 @@ from keras_attn._checks import check_int
 from keras_attn.models.decoder_only import TransformerDecoderOnly
 from keras_attn.models.lora import DEFAULT_TARGETS, enable_lora
 from keras_attn.preprocessing import CausalLMPreprocessor, PretrainedTokenizer
+from keras_attn.preprocessing.chat import as_conversations, is_conversation
 from keras_attn.tasks.task import Task, is_text
 
 
@@ -145,20 +146,25 @@ class CausalLM(Task):
     # ---- generation ----------------------------------------------------------------------------
 
     def generate(self, inputs, max_length: int | None = None, *, stop_token_ids="auto",
-                 strip_prompt: bool = False, sampler=None, max_new_tokens=None,
+                 strip_prompt: bool | None = None, sampler=None, max_new_tokens=None,
                  stop_strings=None):
-        """Continue prompts: strings for strings, token ids for token ids.
+        """Continue prompts: strings for strings, token ids for token ids, the assistant's
+        reply for a conversation.
 
         Args:
-            inputs: a str or a list of str (needs the preprocessor), or int token ids
-                `(B, P)` right-padded with the padding id, or a dict `{"token_ids",
+            inputs: a str or a list of str (needs the preprocessor); a conversation (a list
+                of messages `{"role": ..., "content": ...}`) or a list of conversations,
+                rendered by the checkpoint's chat template as transformers'
+                `apply_chat_template(..., add_generation_prompt=True)` renders them; int token
+                ids `(B, P)` right-padded with the padding id, or a dict `{"token_ids",
                 "padding_mask"}` (keras-hub's form).
             max_length: int, the longest sequence, prompt included (the cache's positions).
                 Defaults to the preprocessor's `sequence_length` (token ids without one:
                 required).
             stop_token_ids: `"auto"` (the tokenizer's end ids), None (no stop) or a tuple of
                 ids. Defaults to `"auto"`.
-            strip_prompt: bool, return the continuation only. Defaults to `False`.
+            strip_prompt: bool, return the continuation only. Defaults to `None`: the whole
+                text for string prompts, the reply alone for conversations.
             sampler: optional sampler for this call (default: the model's). Defaults to `None`.
             max_new_tokens: optional int, new tokens at most per row. Defaults to `None`.
             stop_strings: optional str or list of str (text prompts only): each continuation
@@ -166,9 +172,21 @@ class CausalLM(Task):
                 `stop_strings`). Defaults to `None`.
 
         Returns:
-            A str for a str, a list of str for a list; for ids, int32 `(B, max_length)` (the
-            prompt, the continuation, then padding).
+            A str for a str or a conversation, a list of str for a list; for ids, int32
+            `(B, max_length)` (the prompt, the continuation, then padding).
+
+        Example:
+        >>> lm.generate([{"role": "user", "content": "Who is the Time Traveller?"}])
         """
+        chat = is_conversation(inputs)
+        if chat:
+            if self.preprocessor is None:
+                raise ValueError("Argument `inputs` is a conversation, which needs a "
+                                 "preprocessor with a chat template; this CausalLM has none.")
+            conversations, single = as_conversations("inputs", inputs)
+            rendered = self.preprocessor.apply_chat_template(conversations)
+            inputs = rendered[0] if single else rendered
+            strip_prompt = True if strip_prompt is None else strip_prompt
         text = is_text(inputs)
         if max_length is None:
             if self.preprocessor is None:
@@ -181,8 +199,9 @@ class CausalLM(Task):
             raise ValueError("Argument `stop_strings` applies to text prompts; token ids stop "
                              "at `stop_token_ids`.")
         if text:
-            return self._generate_text(inputs, int(max_length), stop_token_ids, strip_prompt,
-                                       sampler, max_new_tokens, stops)
+            return self._generate_text(inputs, int(max_length), stop_token_ids,
+                                       bool(strip_prompt), sampler, max_new_tokens, stops,
+                                       add_special_tokens=not chat)
         token_ids, lengths = _prompt_ids(inputs)
         ids = self._ids(stop_token_ids)
         tokens = self._decode(token_ids, lengths, int(max_length), max_new_tokens, ids, sampler)
@@ -205,12 +224,13 @@ class CausalLM(Task):
         return ids
 
     def _generate_text(self, inputs, max_length, stop_token_ids, strip_prompt, sampler,
-                       max_new_tokens, stops=()):
+                       max_new_tokens, stops=(), add_special_tokens=True):
         import tensorflow as tf
 
         single = isinstance(inputs, (str, bytes))
         new = max_length if max_new_tokens is None else max_new_tokens
-        prompts = self.preprocessor.generate_preprocess(inputs, max_length, new)
+        prompts = self.preprocessor.generate_preprocess(inputs, max_length, new,
+                                                        add_special_tokens)
         ids = self._ids(stop_token_ids)
         tokens = self._decode(prompts["token_ids"].numpy(), prompts["lengths"].numpy(),
                               max_length, max_new_tokens, ids, sampler)
