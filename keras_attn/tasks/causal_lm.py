@@ -6,11 +6,12 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_attn._checks import check_int
+from keras_attn._checks import check_bool, check_int
 from keras_attn.models.decoder_only import TransformerDecoderOnly
 from keras_attn.models.lora import DEFAULT_TARGETS, enable_lora
 from keras_attn.preprocessing import CausalLMPreprocessor, PretrainedTokenizer
 from keras_attn.preprocessing.chat import as_conversations, is_conversation
+from keras_attn.preprocessing.streaming import TextStream, stream_pieces
 from keras_attn.tasks.task import Task, is_text
 
 
@@ -147,7 +148,7 @@ class CausalLM(Task):
 
     def generate(self, inputs, max_length: int | None = None, *, stop_token_ids="auto",
                  strip_prompt: bool | None = None, sampler=None, max_new_tokens=None,
-                 stop_strings=None):
+                 stop_strings=None, stream: bool = False):
         """Continue prompts: strings for strings, token ids for token ids, the assistant's
         reply for a conversation.
 
@@ -170,10 +171,17 @@ class CausalLM(Task):
             stop_strings: optional str or list of str (text prompts only): each continuation
                 ends after the first of them it contains, which it keeps (transformers'
                 `stop_strings`). Defaults to `None`.
+            stream: bool, return an iterator of the text as it is generated (text prompts
+                and conversations; not with beam search): pieces of str for a str or a
+                conversation, lists of str (one piece per row, `""` where nothing is new) for
+                a list; joined, the pieces are what `stream=False` returns, the prompt (where
+                returned) coming first. A piece is never half a character and never changes
+                (`keras_attn.preprocessing.streaming`). Defaults to `False`.
 
         Returns:
             A str for a str or a conversation, a list of str for a list; for ids, int32
-            `(B, max_length)` (the prompt, the continuation, then padding).
+            `(B, max_length)` (the prompt, the continuation, then padding); with `stream`,
+            an iterator of pieces.
 
         Example:
         >>> lm.generate([{"role": "user", "content": "Who is the Time Traveller?"}])
@@ -188,6 +196,7 @@ class CausalLM(Task):
             inputs = rendered[0] if single else rendered
             strip_prompt = True if strip_prompt is None else strip_prompt
         text = is_text(inputs)
+        check_bool("stream", stream)
         if max_length is None:
             if self.preprocessor is None:
                 raise ValueError("Argument `max_length` is required without a preprocessor.")
@@ -198,10 +207,18 @@ class CausalLM(Task):
         if stops and not text:
             raise ValueError("Argument `stop_strings` applies to text prompts; token ids stop "
                              "at `stop_token_ids`.")
+        if stream:
+            beam = sampler.beam()
+            if not text or (beam is not None and beam.num_beams > 1):
+                raise ValueError(
+                    "Argument `stream` applies to text prompts and conversations decoded one "
+                    "token at a time; a beam search's text is known only at its end, and "
+                    f"token ids come back whole. Received: stream=True, sampler={sampler!r}, "
+                    f"inputs={'text' if text else 'token ids'}")
         if text:
             return self._generate_text(inputs, int(max_length), stop_token_ids,
                                        bool(strip_prompt), sampler, max_new_tokens, stops,
-                                       add_special_tokens=not chat)
+                                       add_special_tokens=not chat, stream=stream)
         token_ids, lengths = _prompt_ids(inputs)
         ids = self._ids(stop_token_ids)
         tokens = self._decode(token_ids, lengths, int(max_length), max_new_tokens, ids, sampler)
@@ -224,7 +241,7 @@ class CausalLM(Task):
         return ids
 
     def _generate_text(self, inputs, max_length, stop_token_ids, strip_prompt, sampler,
-                       max_new_tokens, stops=(), add_special_tokens=True):
+                       max_new_tokens, stops=(), add_special_tokens=True, stream=False):
         import tensorflow as tf
 
         single = isinstance(inputs, (str, bytes))
@@ -232,26 +249,39 @@ class CausalLM(Task):
         prompts = self.preprocessor.generate_preprocess(inputs, max_length, new,
                                                         add_special_tokens)
         ids = self._ids(stop_token_ids)
-        tokens = self._decode(prompts["token_ids"].numpy(), prompts["lengths"].numpy(),
-                              max_length, max_new_tokens, ids, sampler)
         lengths = prompts["lengths"]
         limits = lengths + tf.minimum(tf.cast(new, tf.int32), max_length - lengths)
-        continuation = self.preprocessor.generate_postprocess(
-            keras.ops.convert_to_numpy(tokens), lengths, limits, stop_ids=ids[
-                "stop_token_ids"])
-        texts = [_cut_at_stop(t.decode("utf-8"), stops) for t in continuation.numpy()]
-        if not strip_prompt:
-            context = [t.decode("utf-8") for t in prompts["context"].numpy()]
+        context = [] if strip_prompt else [t.decode("utf-8") for t in
+                                           prompts["context"].numpy()]
+
+        def decode(on_step=None):
+            return self._decode(prompts["token_ids"].numpy(), lengths.numpy(), max_length,
+                                max_new_tokens, ids, sampler, on_step)
+
+        def texts_of(tokens):
+            continuation = self.preprocessor.generate_postprocess(
+                keras.ops.convert_to_numpy(tokens), lengths, limits,
+                stop_ids=ids["stop_token_ids"])
+            return [_cut_at_stop(t.decode("utf-8"), stops) for t in continuation.numpy()]
+
+        if stream:
+            text_stream = TextStream(self.preprocessor.tokenizer, lengths.numpy(),
+                                     limits.numpy(), ids["stop_token_ids"], stops)
+            pieces = stream_pieces(decode, text_stream, texts_of, context)
+            return (rows[0] for rows in pieces) if single else pieces
+        texts = texts_of(decode())
+        if context:
             texts = [c + t for c, t in zip(context, texts)]
         return texts[0] if single else texts
 
-    def _decode(self, token_ids, lengths, max_length, max_new_tokens, ids, sampler):
-        from keras_attn import decoding
+    def _decode(self, token_ids, lengths, max_length, max_new_tokens, ids, sampler,
+                on_step=None):
+        from keras_attn.decoding import generation
 
-        return decoding.generate(
+        return generation.run(
             self, token_ids, max_length, sampler=sampler, max_new_tokens=max_new_tokens,
             stop_token_ids=ids["stop_token_ids"] or None, pad_id=ids["pad_id"],
-            suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths)
+            suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths, on_step=on_step)
 
     def export(self, path: str, max_length: int | None = None) -> str:
         """Write a SavedModel whose `generate` signature takes prompt strings (with its
