@@ -192,6 +192,8 @@ def test_generate_answers_a_conversation_as_the_token_path(checkpoint, reference
         new = new[:next((i for i, t in enumerate(new) if t in stops), len(new))]
         assert reply == tokenizer.detokenize([new]).numpy()[0].decode("utf-8")
     assert lm.generate(HELLO, max_length=256, max_new_tokens=6) == replies[0]
+    assert "".join(lm.generate(HELLO, max_length=256, max_new_tokens=6, stream=True)) == (
+        replies[0])
     whole = lm.generate(HELLO, max_length=256, max_new_tokens=6, strip_prompt=False)
     context = tokenizer.detokenize([ids[0]]).numpy()[0].decode("utf-8")
     assert whole == context + replies[0] and context in prompts[0]
