@@ -64,7 +64,7 @@ def test_joined_stream_is_the_text(lm):
         pieces = list(lm.generate(PROMPTS[0], max_length=40, sampler=sampler, stream=True))
         assert all(isinstance(p, str) and p for p in pieces)
         assert "".join(pieces) == whole
-        assert len(pieces) > 3  # it streams
+        assert len(pieces) > 2  # it streams: the prompt, then pieces as they come
         assert not any("\ufffd" in p for p in pieces[:1])  # the prompt, whole
     batch = lm.generate(PROMPTS, max_length=40, strip_prompt=True, max_new_tokens=12)
     rows = list(lm.generate(PROMPTS, max_length=40, strip_prompt=True, max_new_tokens=12,

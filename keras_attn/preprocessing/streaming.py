@@ -178,6 +178,8 @@ def stream_pieces(decode, text_stream: TextStream, texts_of, first=None):
     try:
         while True:
             kind, *values = updates.get()
+            while kind == "step" and not updates.empty():  # behind: the latest tokens only
+                kind, *values = updates.get_nowait()
             if kind == "error":
                 raise values[0]
             pieces = (text_stream.finish(texts_of(values[0])) if kind == "end"
