@@ -2,7 +2,7 @@
 
     python examples/pretrained_generate.py CHECKPOINT_DIR --prompt "The time machine" \\
         [--prompt ...] [--max-new-tokens 48] [--temperature 0] [--top-k 0] [--top-p 1] \\
-        [--seed 0] [--dtype float32] [--out runs/pretrained] [--overwrite]
+        [--seed 0] [--dtype float32] [--out runs/pretrained] [--overwrite] [--stream]
 
 CHECKPOINT_DIR is a Hugging Face checkpoint directory (`config.json`, safetensors weights,
 tokenizer files) of a Llama, Mistral, Qwen2 or GPT-2 causal LM, e.g. one downloaded with
@@ -11,7 +11,9 @@ loads it without torch (`keras_attn.checkpoints.from_pretrained`), generates a c
 each prompt with the checkpoint's own end and padding ids (greedy at `--temperature 0`, else
 seeded sampling with `--top-k` / `--top-p`), prints the text and the tokens per second, and
 writes `OUT/saved_model` (a `generate` signature taking strings, the tokenizer inside the graph;
-served with TensorFlow and tensorflow-text's ops) and `OUT/metrics.json`.
+served with TensorFlow and tensorflow-text's ops) and `OUT/metrics.json`. With `--stream` it
+then prints each prompt's continuation to the terminal as it is generated
+(`CausalLM.generate(..., stream=True)`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "(default: 2 * --max-new-tokens + 8, at least 64; at most a "
                              "GPT-2's positions)")
     parser.add_argument("--no-export", action="store_true", help="skip the SavedModel")
+    parser.add_argument("--stream", action="store_true",
+                        help="also print each continuation as it is generated")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results of an earlier run in --out")
     args = parser.parse_args(argv)
@@ -105,10 +109,7 @@ def generate(model, tokenizer, spec, prompts, args) -> tuple[list[str], float, i
         prompt_ids[i, :len(row)] = row
     max_length = prompt_ids.shape[1] + args.max_new_tokens
     settings = {"max_length": max_length, "max_new_tokens": args.max_new_tokens,
-                "prompt_lengths": lengths, **ids}
-    if args.temperature > 0:
-        settings["sampler"] = decoding.TopP(args.top_p, k=args.top_k,
-                                            temperature=args.temperature, seed=args.seed)
+                "prompt_lengths": lengths, "sampler": sampler_of(args), **ids}
     # Warm-up: the same program (one new token), so that the timing leaves out its tracing.
     decoding.generate(model, prompt_ids, **dict(settings, max_new_tokens=1))
     start = time.perf_counter()
@@ -125,6 +126,42 @@ def generate(model, tokenizer, spec, prompts, args) -> tuple[list[str], float, i
             new.append(int(token))
         texts.append(tokenizer.decode([new]).numpy()[0].decode("utf-8"))
     return texts, count / seconds, count
+
+
+def sampler_of(args):
+    """`--temperature` 0: greedy; else seeded sampling with `--top-k` and `--top-p`."""
+    from keras_attn import decoding
+
+    if args.temperature > 0:
+        return decoding.TopP(args.top_p, k=args.top_k, temperature=args.temperature,
+                             seed=args.seed)
+    return "greedy"
+
+
+def stream(model, tokenizer, spec, prompts, args) -> list[str]:
+    """Print each prompt's continuation as it is generated (`CausalLM.generate(...,
+    stream=True)`, one prompt at a time); the continuations."""
+    from keras_attn.checkpoints import generation_ids
+    from keras_attn.preprocessing import CausalLMPreprocessor, PretrainedTokenizer
+    from keras_attn.tasks import CausalLM
+
+    layer = PretrainedTokenizer.from_tokenizer(
+        tokenizer, start_token_id=spec.bos_token_id, end_token_ids=tuple(spec.eos_token_ids),
+        pad_token_id=generation_ids(spec)["pad_id"])
+    lm = CausalLM(model, CausalLMPreprocessor(layer), sampler=sampler_of(args))
+    texts = []
+    for prompt in prompts:
+        length = max(1, len(layer.tokenize([prompt]).to_list()[0]))
+        print(f"--- {prompt!r} (streamed)\n{prompt}", end="", flush=True)
+        pieces = []
+        for piece in lm.generate(prompt, max_length=length + args.max_new_tokens,
+                                 max_new_tokens=args.max_new_tokens, strip_prompt=True,
+                                 stream=True):
+            print(piece, end="", flush=True)
+            pieces.append(piece)
+        print()
+        texts.append("".join(pieces))
+    return texts
 
 
 def main(argv=None) -> dict:
@@ -155,6 +192,8 @@ def main(argv=None) -> dict:
                "settings": {"max_new_tokens": args.max_new_tokens,
                             "temperature": args.temperature, "top_k": args.top_k,
                             "top_p": args.top_p, "seed": args.seed}}
+    if args.stream:
+        metrics["streamed_texts"] = stream(model, tokenizer, spec, args.prompt, args)
     os.makedirs(args.out, exist_ok=True)
     if export_dir is not None:
         from keras_attn.export_generator import export_checkpoint_generator

@@ -32,6 +32,15 @@ def test_a_tiny_checkpoint_end_to_end(tmp_path):
         pretrained_generate.main([fx.hf_checkpoint("gpt2"), "--out", str(out)])
 
 
+def test_stream_prints_the_same_text(tmp_path, capsys):
+    prompt = "The Time Traveller 😀 日本"
+    metrics = pretrained_generate.main([
+        fx.hf_checkpoint("llama"), "--prompt", prompt, "--max-new-tokens", "8", "--out",
+        str(tmp_path / "run"), "--no-export", "--stream"])
+    assert metrics["streamed_texts"] == metrics["texts"] and metrics["texts"][0]
+    assert f"{prompt}{metrics['texts'][0]}\n" in capsys.readouterr().out
+
+
 def test_what_it_refuses(tmp_path):
     with pytest.raises(SystemExit):
         pretrained_generate.main([str(tmp_path), "--out", str(tmp_path / "x")])  # no config

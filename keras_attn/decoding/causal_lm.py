@@ -65,9 +65,10 @@ def _generate(model, prompt_ids, lengths, max_new_tokens, alpha, *numbers, sampl
 
 def run(model, prompt_ids, max_length: int, sampler, ids: dict, alpha, max_new_tokens,
         prompt_lengths, return_attention_scores: bool, return_scores: bool,
-        jit_compile: bool) -> tuple:
+        jit_compile: bool, on_step=None) -> tuple:
     """`generate` for a causal language model, its arguments checked (`ids` of
-    `special_ids`, `alpha` the scores' length-penalty exponent, a float32 scalar tensor)."""
+    `special_ids`, `alpha` the scores' length-penalty exponent, a float32 scalar tensor;
+    `on_step` the loop's callback, `keras_attn.decoding.stepwise.compiling`: streaming)."""
     checks.length("max_length", max_length, 2)
     layer = decoder(model)
     padding = ids["pad_id"]
@@ -101,4 +102,4 @@ def run(model, prompt_ids, max_length: int, sampler, ids: dict, alpha, max_new_t
                "return_attention_scores": bool(return_attention_scores),
                "return_scores": bool(return_scores)}
     arrays = (prompt_ids, prompt_lengths, max_new_tokens, alpha) + sampler.tensors()
-    return tuple(compiled.run(_generate, model, arrays, options, jit_compile))
+    return tuple(compiled.run(_generate, model, arrays, options, jit_compile, on_step))

@@ -17,9 +17,12 @@ from keras_attn.tokens import BOS_ID, EOS_ID
 
 def run(model, inputs, max_length, *, sampler, stop_token_ids=EOS_ID, max_new_tokens=None,
         return_attention_scores=False, return_scores=False, jit_compile=None, pad_id=None,
-        bos_id=BOS_ID, suppressed_ids=None, prompt_lengths=None, alpha=None):
+        bos_id=BOS_ID, suppressed_ids=None, prompt_lengths=None, alpha=None, on_step=None):
     """`generate` with today's arguments only; `alpha` (optional) overrides the scores'
-    length-penalty exponent (keras_attn 0.2's spellings)."""
+    length-penalty exponent (keras_attn 0.2's spellings); `on_step` (causal models, one
+    token at a time) is called with the loop's variables after each token
+    (`keras_attn.decoding.stepwise.compiling`), True stopping the loop: what streaming
+    (`CausalLM.generate(..., stream=True)`) reads."""
     if jit_compile is not None and not isinstance(jit_compile, bool):
         raise ValueError("Received an invalid value for argument `jit_compile`, expected a "
                          f"bool or None. Received: jit_compile={jit_compile!r}")
@@ -32,7 +35,7 @@ def run(model, inputs, max_length, *, sampler, stop_token_ids=EOS_ID, max_new_to
                       suppressed_ids=suppressed_ids)
     if compiled.has_layer(model, "encoder"):
         for name, value in (("max_new_tokens", max_new_tokens),
-                            ("prompt_lengths", prompt_lengths)):
+                            ("prompt_lengths", prompt_lengths), ("on_step", on_step)):
             if value is not None:
                 raise ValueError(
                     f"Argument `{name}` applies to causal language models; a "
@@ -43,7 +46,7 @@ def run(model, inputs, max_length, *, sampler, stop_token_ids=EOS_ID, max_new_to
     else:
         outputs = causal_lm.run(model, inputs, max_length, sampler, ids, alpha, max_new_tokens,
                                 prompt_lengths, return_attention_scores, return_scores,
-                                jit_compile)
+                                jit_compile, on_step)
     return outputs[0] if len(outputs) == 1 else outputs
 
 

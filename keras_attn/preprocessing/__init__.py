@@ -8,10 +8,13 @@ models (`keras_attn.tasks`), with TensorFlow ops (imported when they first run).
 - `seq2seq_lm`: `Seq2SeqLMPreprocessor`, a translator's two vocabularies and text
   normalization: sources and `(source, target)` pairs to ids, target ids to text;
 - `text_classifier`: `TextClassifierPreprocessor`, single texts in the tokenizer's template,
-  truncated and padded for an encoder (BERT).
+  truncated and padded for an encoder (BERT);
+- `chat`: `ChatTemplate`, a checkpoint's chat template rendering conversations as
+  transformers' `apply_chat_template` does (`CausalLMPreprocessor.apply_chat_template`).
 """
 
 from keras_attn.preprocessing.causal_lm import CausalLMPreprocessor
+from keras_attn.preprocessing.chat import ChatTemplate
 from keras_attn.preprocessing.seq2seq_lm import Seq2SeqLMPreprocessor
 from keras_attn.preprocessing.text_classifier import TextClassifierPreprocessor
 from keras_attn.preprocessing.tokenizers import (
@@ -20,5 +23,5 @@ from keras_attn.preprocessing.tokenizers import (
     Tokenizer,
 )
 
-__all__ = ["CausalLMPreprocessor", "CharacterTokenizer", "PretrainedTokenizer",
+__all__ = ["CausalLMPreprocessor", "CharacterTokenizer", "ChatTemplate", "PretrainedTokenizer",
            "Seq2SeqLMPreprocessor", "TextClassifierPreprocessor", "Tokenizer"]

@@ -93,18 +93,52 @@ class CausalLMPreprocessor(keras.layers.Layer):
 
     # ---- generation ------------------------------------------------------------------------
 
-    def generate_preprocess(self, texts, max_length: int, max_new_tokens):
+    def apply_chat_template(self, conversations, add_generation_prompt: bool = True,
+                            **variables) -> list[str]:
+        """The prompt text of conversations, rendered by the tokenizer's chat template as
+        transformers' `apply_chat_template(..., tokenize=False)` renders it
+        (`keras_attn.preprocessing.chat`).
+
+        Args:
+            conversations: a conversation (a list of dicts with `"role"` and `"content"`) or
+                a list of them.
+            add_generation_prompt: bool, end with the assistant's header. Defaults to `True`.
+            **variables: more template variables (e.g. `date_string`).
+
+        Returns:
+            list of str, one per conversation; tokenize them with `add_special_tokens=False`
+            (`generate_preprocess(..., add_special_tokens=False)`).
+
+        Raises:
+            ValueError: the tokenizer has no chat template, a message has no `"role"`, or the
+                template refused the conversation.
+        """
+        template = self.tokenizer.chat_template
+        if template is None:
+            raise ValueError(
+                "Argument `inputs` is a conversation, but this tokenizer has no chat template "
+                "(a checkpoint's `chat_template` in tokenizer_config.json or "
+                "chat_template.jinja). Give the prompt as a string instead. Received: "
+                f"tokenizer={type(self.tokenizer).__name__}")
+        return template.render(conversations, add_generation_prompt, **variables)
+
+    def generate_preprocess(self, texts, max_length: int, max_new_tokens,
+                            add_special_tokens: bool = True):
         """The prompts as the model reads them when generating up to `max_length` ids.
 
         A prompt keeps its most recent tokens, as many as leave room for `max_new_tokens` new
         ones, but at least half of the positions; with `max_new_tokens=None` a prompt that
         leaves room for one new token is kept whole (a longer one keeps its end). An empty
-        prompt of a tokenizer without a template starts from its start id.
+        prompt of a tokenizer without a template starts from its start id. With
+        `add_special_tokens=False` (prompts rendered by a chat template, which writes its own
+        special tokens) the tokenizer's template is left out.
 
         Args:
             texts: strings `(B,)`.
             max_length: int, the positions: template, prompt and new tokens.
             max_new_tokens: int, int32 scalar tensor (at most `2**31 - 1`) or None.
+            add_special_tokens: bool, whether the tokenizer's template (start and end ids)
+                wraps each prompt. Defaults to `True`.
 
         Returns:
             dict: `token_ids` int32 `(B, P)` right-padded with the padding id, `lengths` int32
@@ -117,7 +151,9 @@ class CausalLMPreprocessor(keras.layers.Layer):
         texts = as_string_tensor("prompt", texts)
         batch = tf.shape(texts)[0]
         body = tokenizer.tokenize(texts, add_special_tokens=False)  # ragged (B, None)
-        template = len(tokenizer.prefix_ids) + len(tokenizer.suffix_ids)
+        prefix, suffix = ((tokenizer.prefix_ids, tokenizer.suffix_ids) if add_special_tokens
+                          else ((), ()))
+        template = len(prefix) + len(suffix)
         if max_length < template + 3:
             raise ValueError(
                 f"Argument `max_length` must leave room for the template's {template} ids, a "
@@ -135,9 +171,9 @@ class CausalLMPreprocessor(keras.layers.Layer):
                             tf.stack([batch, 1]))
             return tf.RaggedTensor.from_tensor(tiled)
 
-        ids = tf.concat([rows(tokenizer.prefix_ids), body, rows(tokenizer.suffix_ids)], axis=1)
+        ids = tf.concat([rows(prefix), body, rows(suffix)], axis=1)
         start = tokenizer.start_token_id
-        if not template and start is not None:  # an empty prompt starts from <bos>
+        if not template and start is not None and add_special_tokens:  # empty: from <bos>
             empty = tf.cast(ids.row_lengths() == 0, tf.int64)
             starts = tf.RaggedTensor.from_row_lengths(
                 tf.fill([tf.reduce_sum(empty)], tf.constant(start, tf.int32)), empty)

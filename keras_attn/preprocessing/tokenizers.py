@@ -39,7 +39,8 @@ from keras_attn.tokens import (
 
 # The files of a Hugging Face tokenizer that `load_tokenizer` reads.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                   "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt")
+                   "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt",
+                   "chat_template.jinja")
 
 
 def _ids_tuple(name: str, ids, vocabulary_size: int) -> tuple:
@@ -62,6 +63,8 @@ class Tokenizer(keras.layers.Layer):
 
     prefix_ids: tuple = ()
     suffix_ids: tuple = ()
+    # A `keras_attn.preprocessing.chat.ChatTemplate`, or None: the tokenizer has none.
+    chat_template = None
 
     def __init__(self, **kwargs):
         kwargs.setdefault("trainable", False)
@@ -335,6 +338,17 @@ class PretrainedTokenizer(Tokenizer):
             check_int("pad_token_id", self.pad_token_id, 0)
         self.prefix_ids = tuple(own.prefix_ids)
         self.suffix_ids = tuple(own.suffix_ids)
+        self._chat_template = "unread"
+
+    @property
+    def chat_template(self):
+        """The checkpoint's chat template (`keras_attn.preprocessing.chat.ChatTemplate`, read
+        from `chat_template.jinja` or `tokenizer_config.json`), or None when it has none."""
+        if getattr(self, "_chat_template", "unread") == "unread":
+            from keras_attn.preprocessing.chat import read_chat_template
+
+            self._chat_template = read_chat_template(self._files)
+        return self._chat_template
 
     @classmethod
     def from_tokenizer(cls, tokenizer, start_token_id=None, end_token_ids=None,

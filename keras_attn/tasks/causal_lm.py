@@ -14,6 +14,8 @@ from keras_attn.decoding import checks
 from keras_attn.models.decoder_only import TransformerDecoderOnly
 from keras_attn.models.lora import DEFAULT_TARGETS, enable_lora
 from keras_attn.preprocessing import CausalLMPreprocessor, PretrainedTokenizer
+from keras_attn.preprocessing.chat import as_conversations, is_conversation
+from keras_attn.preprocessing.streaming import TextStream, stream_pieces
 from keras_attn.tasks.task import DEFAULT_BATCH_SIZE, Task, check_not_empty, is_text
 
 # The memory assumed when the machine's cannot be read (`_memory_bytes`).
@@ -192,13 +194,17 @@ class CausalLM(Task):
     # ---- generation ----------------------------------------------------------------------------
 
     def generate(self, inputs, max_length: int | None = None, *, stop_token_ids="auto",
-                 strip_prompt: bool = False, sampler=None, max_new_tokens=None,
-                 stop_strings=None):
-        """Continue prompts: strings for strings, token ids for token ids.
+                 strip_prompt: bool | None = None, sampler=None, max_new_tokens=None,
+                 stop_strings=None, stream: bool = False):
+        """Continue prompts: strings for strings, token ids for token ids, the assistant's
+        reply for a conversation.
 
         Args:
-            inputs: a str or a list of str (needs the preprocessor), or int token ids
-                `(B, P)` right-padded with the padding id, or a dict `{"token_ids",
+            inputs: a str or a list of str (needs the preprocessor); a conversation (a list
+                of messages `{"role": ..., "content": ...}`) or a list of conversations,
+                rendered by the checkpoint's chat template as transformers'
+                `apply_chat_template(..., add_generation_prompt=True)` renders them; int token
+                ids `(B, P)` right-padded with the padding id, or a dict `{"token_ids",
                 "padding_mask"}` (keras-hub's form).
             max_length: int, the longest sequence, prompt included (the cache's positions;
                 at most the model's position table, and a cache per prompt that fits in
@@ -209,7 +215,8 @@ class CausalLM(Task):
             stop_token_ids: `"auto"` (the tokenizer's end ids), None (no stop), a token id
                 (a Python or NumPy int) or a tuple of ids. Defaults to `"auto"`.
             strip_prompt: bool, return the continuation only; otherwise the prompt and the
-                continuation detokenized as one sequence. Defaults to `False`.
+                continuation detokenized as one sequence. Defaults to `None`: the whole text
+                for string prompts, the reply alone for conversations.
             sampler: optional sampler for this call (default: the model's). Defaults to `None`.
             max_new_tokens: optional int >= 1, new tokens at most per row (any larger than
                 fit means as many as fit; with it, a text prompt keeps at most its last
@@ -218,18 +225,39 @@ class CausalLM(Task):
             stop_strings: optional str or list of str (text prompts only): each continuation
                 ends after the first of them it contains, which it keeps (transformers'
                 `stop_strings`). Defaults to `None`.
+            stream: bool, return an iterator of the text as it is generated (text prompts
+                and conversations; not with beam search): pieces of str for a str or a
+                conversation, lists of str (one piece per row, `""` where nothing is new) for
+                a list; joined, the pieces are what `stream=False` returns, the prompt (where
+                returned) coming first. A piece is never half a character and never changes
+                (`keras_attn.preprocessing.streaming`). Defaults to `False`.
 
         Returns:
-            A str for a str, a list of str for a list; for ids, int32 `(B, max_length)` (the
-            prompt, the continuation, then padding).
+            A str for a str or a conversation, a list of str for a list; for ids, int32
+            `(B, max_length)` (the prompt, the continuation, then padding); with `stream`,
+            an iterator of pieces.
+
+        Example:
+        >>> lm.generate([{"role": "user", "content": "Who is the Time Traveller?"}])
         """
+        chat = is_conversation(inputs)
+        if chat:
+            if self.preprocessor is None:
+                raise ValueError("Argument `inputs` is a conversation, which needs a "
+                                 "preprocessor with a chat template; this CausalLM has none.")
+            conversations, single = as_conversations("inputs", inputs)
+            rendered = self.preprocessor.apply_chat_template(conversations)
+            inputs = rendered[0] if single else rendered
+            strip_prompt = True if strip_prompt is None else strip_prompt
         text = is_text(inputs)
+        check_bool("stream", stream)
         if max_length is None:
             if self.preprocessor is None:
                 raise ValueError("Argument `max_length` is required without a preprocessor.")
             max_length = self.preprocessor.sequence_length
         check_int("max_length", max_length, 2)
-        check_bool("strip_prompt", strip_prompt)
+        if strip_prompt is not None:
+            check_bool("strip_prompt", strip_prompt)
         self._check_positions(int(max_length))
         if max_new_tokens is not None:  # at most 2**31 - 1 (as many as fit), before any cast
             max_new_tokens = checks.scalar("max_new_tokens", max_new_tokens,
@@ -239,9 +267,18 @@ class CausalLM(Task):
         if stops and not text:
             raise ValueError("Argument `stop_strings` applies to text prompts; token ids stop "
                              "at `stop_token_ids`.")
+        if stream:
+            beam = sampler.beam()
+            if not text or (beam is not None and beam.num_beams > 1):
+                raise ValueError(
+                    "Argument `stream` applies to text prompts and conversations decoded one "
+                    "token at a time; a beam search's text is known only at its end, and "
+                    f"token ids come back whole. Received: stream=True, sampler={sampler!r}, "
+                    f"inputs={'text' if text else 'token ids'}")
         if text:
-            return self._generate_text(inputs, int(max_length), stop_token_ids, strip_prompt,
-                                       sampler, max_new_tokens, stops)
+            return self._generate_text(inputs, int(max_length), stop_token_ids,
+                                       bool(strip_prompt), sampler, max_new_tokens, stops,
+                                       add_special_tokens=not chat, stream=stream)
         token_ids, lengths = _prompt_ids(inputs)
         ids = self._ids(stop_token_ids)
         tokens = self._decode(token_ids, lengths, int(max_length), max_new_tokens, ids, sampler)
@@ -300,43 +337,57 @@ class CausalLM(Task):
                 f"max_length={max_length}")
 
     def _generate_text(self, inputs, max_length, stop_token_ids, strip_prompt, sampler,
-                       max_new_tokens, stops=()):
+                       max_new_tokens, stops=(), add_special_tokens=True, stream=False):
         import tensorflow as tf
 
         single = isinstance(inputs, (str, bytes))
         new = max_length if max_new_tokens is None else max_new_tokens
-        prompts = self.preprocessor.generate_preprocess(inputs, max_length, max_new_tokens)
+        prompts = self.preprocessor.generate_preprocess(inputs, max_length, max_new_tokens,
+                                                        add_special_tokens)
         if bool(np.any(prompts["truncated"].numpy())):
             warnings.warn(
                 f"A prompt does not fit in max_length={max_length} positions with room for "
                 "new tokens: it keeps its last tokens (its beginning is cut).", stacklevel=3)
         ids = self._ids(stop_token_ids)
-        tokens = keras.ops.convert_to_numpy(self._decode(
-            prompts["token_ids"].numpy(), prompts["lengths"].numpy(), max_length,
-            max_new_tokens, ids, sampler))
         lengths = prompts["lengths"]
         limits = lengths + tf.minimum(tf.cast(new, tf.int32), max_length - lengths)
-        continuation = self.preprocessor.generate_postprocess(
-            tokens, lengths, limits, stop_ids=ids["stop_token_ids"])
-        texts = [_cut_at_stop(t.decode("utf-8"), stops) for t in continuation.numpy()]
-        if strip_prompt:
-            return texts[0] if single else texts
-        # The prompt and its continuation detokenized as one sequence (a word tokenizer joins
-        # them with its separator); a stop string counts in the continuation only.
-        whole = self.preprocessor.generate_postprocess(
-            tokens, lengths, limits, stop_ids=ids["stop_token_ids"], keep_prompt=True)
-        context = [t.decode("utf-8") for t in prompts["context"].numpy()]
-        texts = [_cut_at_stop(w.decode("utf-8"), stops, len(os.path.commonprefix([c, w.decode(
-            "utf-8")]))) for c, w in zip(context, whole.numpy())]
+        context = [] if strip_prompt else [t.decode("utf-8") for t in
+                                           prompts["context"].numpy()]
+
+        def decode(on_step=None):
+            return self._decode(prompts["token_ids"].numpy(), lengths.numpy(), max_length,
+                                max_new_tokens, ids, sampler, on_step)
+
+        def texts_of(tokens):
+            continuation = self.preprocessor.generate_postprocess(
+                keras.ops.convert_to_numpy(tokens), lengths, limits,
+                stop_ids=ids["stop_token_ids"])
+            return [_cut_at_stop(t.decode("utf-8"), stops) for t in continuation.numpy()]
+
+        if stream:
+            text_stream = TextStream(self.preprocessor.tokenizer, lengths.numpy(),
+                                     limits.numpy(), ids["stop_token_ids"], stops)
+            pieces = stream_pieces(decode, text_stream, texts_of, context)
+            return (rows[0] for rows in pieces) if single else pieces
+        tokens = keras.ops.convert_to_numpy(decode())
+        texts = texts_of(tokens)
+        if context:
+            # The prompt and its continuation detokenized as one sequence (a word tokenizer
+            # joins them with its separator); a stop string counts in the continuation only.
+            whole = self.preprocessor.generate_postprocess(
+                tokens, lengths, limits, stop_ids=ids["stop_token_ids"], keep_prompt=True)
+            texts = [_cut_at_stop(w.decode("utf-8"), stops, len(os.path.commonprefix(
+                [c, w.decode("utf-8")]))) for c, w in zip(context, whole.numpy())]
         return texts[0] if single else texts
 
-    def _decode(self, token_ids, lengths, max_length, max_new_tokens, ids, sampler):
-        from keras_attn import decoding
+    def _decode(self, token_ids, lengths, max_length, max_new_tokens, ids, sampler,
+                on_step=None):
+        from keras_attn.decoding import generation
 
-        return decoding.generate(
+        return generation.run(
             self, token_ids, max_length, sampler=sampler, max_new_tokens=max_new_tokens,
             stop_token_ids=ids["stop_token_ids"] or None, pad_id=ids["pad_id"],
-            suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths)
+            suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths, on_step=on_step)
 
     def export(self, path: str, max_length: int | None = None) -> str:
         """Write a SavedModel whose `generate` signature takes prompt strings (with its
