@@ -1,0 +1,69 @@
+"""Keras' `model.export(path, format=...)` for models made of keras_attn layers, with what a
+format's converter cannot take refused by name first.
+
+Every layer exports with Keras' own `model.export` to `"onnx"`, `"litert"`, `"openvino"` and
+(torch backend) `"torch"` (tests/test_export_formats.py, docs/exporting.md), except the
+recurrent layers to OpenVINO: `export(model, path, format)` raises a `ValueError` naming the
+layer, the format and the way around it where `model.export` would end in the converter's
+traceback.
+"""
+
+from __future__ import annotations
+
+import keras
+
+FORMATS = ("tf_saved_model", "onnx", "litert", "openvino", "torch")
+
+# (format, the layers it cannot take, why and the way around it).
+_REFUSED = (
+    ("openvino", (keras.layers.RNN,),
+     ("OpenVINO's TensorFlow frontend converts no TensorList (the loop of Keras' recurrent "
+     "layers: `keras.layers.GRU` and `RNN`, the Bahdanau encoder and decoder), nor the ONNX "
+     "`Loop` that tf2onnx writes for it. Export with format=\"onnx\" (onnxruntime) or "
+     "format=\"litert\" instead")),
+)
+
+
+def unexportable(model: keras.Model, format: str) -> str | None:
+    """Why `model` does not export to `format`, naming the first layer it cannot take, or
+    None where it exports."""
+    for refused_format, classes, why in _REFUSED:
+        if format != refused_format:
+            continue
+        for layer in model.layers:
+            inner = [sub for sub in layer._flatten_layers(include_self=True, recursive=True)
+                     if isinstance(sub, classes)]
+            if inner:
+                return (f"Layer {layer.name!r} ({type(layer).__name__}, through its "
+                        f"{type(inner[0]).__name__} {inner[0].name!r}) does not export to "
+                        f"format={format!r}: {why}.")
+    return None
+
+
+def export(model: keras.Model, filepath: str, format: str = "tf_saved_model",
+           **kwargs) -> str:
+    """`model.export(filepath, format=format, **kwargs)`, after refusing what the format's
+    converter cannot take.
+
+    Args:
+        model: a built `keras.Model`.
+        filepath: str, where Keras writes the export (`.onnx`, `.tflite`, `.xml`, `.pt2`, or a
+            SavedModel directory).
+        format: one of `FORMATS`. Defaults to `"tf_saved_model"`.
+        **kwargs: Keras' `export` arguments (`verbose`, `input_signature`, ...).
+
+    Returns:
+        `filepath`.
+
+    Raises:
+        ValueError: an unknown `format`, or a layer the format cannot take (named, with the
+            way around it).
+    """
+    if format not in FORMATS:
+        raise ValueError(f"Received an invalid value for argument `format`, expected one of "
+                         f"{FORMATS}. Received: format={format!r}")
+    reason = unexportable(model, format)
+    if reason:
+        raise ValueError(reason)
+    model.export(filepath, format=format, **kwargs)
+    return filepath
