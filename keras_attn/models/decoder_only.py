@@ -10,8 +10,8 @@ from keras import ops
 
 from keras_attn._checks import check_bool, check_int, check_one_of, renamed_argument
 from keras_attn.layers import legacy
-from keras_attn.layers.block_base import call_layer
 from keras_attn.layers.config import AttentionConfig, BlockConfig  # noqa: F401 - examples
+from keras_attn.layers.block_base import call_layer
 from keras_attn.layers.decoder_only import TransformerDecoderOnlyBlock
 from keras_attn.layers.embedding import OutputHead, TokenEmbedding
 from keras_attn.layers.initializers import sublayer_initializer
