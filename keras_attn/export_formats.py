@@ -3,24 +3,36 @@ format's converter cannot take refused by name first.
 
 Every layer exports with Keras' own `model.export` to `"onnx"`, `"litert"`, `"openvino"` and
 (torch backend) `"torch"` (tests/test_export_formats.py, docs/exporting.md), except the
-recurrent layers to OpenVINO: `export(model, path, format)` raises a `ValueError` naming the
-layer, the format and the way around it where `model.export` would end in the converter's
-traceback.
+recurrent layers to LiteRT and OpenVINO and `LinearAttention` to ONNX: there
+`export(model, path, format)` raises a `ValueError` naming the layer, the format and the way
+around it, where `model.export` ends in the converter's or the runtime's error.
 """
 
 from __future__ import annotations
 
 import keras
 
+from keras_attn.layers.linear_attention import LinearAttention
+
 FORMATS = ("tf_saved_model", "onnx", "litert", "openvino", "torch")
 
 # (format, the layers it cannot take, why and the way around it).
 _REFUSED = (
+    ("onnx", (LinearAttention,),
+     ("tf2onnx (1.17) converts the chunked prefix sums of linear attention (the sequence "
+      "padded to a multiple of `chunk_size`, then cut back) into a graph that onnxruntime "
+      "cannot run (a Reshape of a wrongly sized tensor). Export with format=\"openvino\" or "
+      "format=\"litert\" instead, which run it as `predict` does")),
+    ("litert", (keras.layers.RNN,),
+     ("LiteRT has no builtin TensorList (the loop of Keras' recurrent layers: "
+      "`keras.layers.GRU` and `RNN`, the Bahdanau encoder and decoder), so the converted model "
+      "needs TensorFlow's Flex delegate, which ai-edge-litert's interpreter does not have. "
+      "Export with format=\"onnx\" (onnxruntime) instead")),
     ("openvino", (keras.layers.RNN,),
      ("OpenVINO's TensorFlow frontend converts no TensorList (the loop of Keras' recurrent "
      "layers: `keras.layers.GRU` and `RNN`, the Bahdanau encoder and decoder), nor the ONNX "
-     "`Loop` that tf2onnx writes for it. Export with format=\"onnx\" (onnxruntime) or "
-     "format=\"litert\" instead")),
+     "`Loop` that tf2onnx writes for it. Export with format=\"onnx\" (onnxruntime) "
+     "instead")),
 )
 
 

@@ -125,7 +125,8 @@ FAMILIES = {"nw_pooling": nw_pooling, "additive": additive, "scaled_dot": scaled
             "transformer_seq2seq": seq2seq}
 FAST = ("multi_head", "gqa_rope", "swin", "causal_lm", "transformer_seq2seq")
 # (family, format) that Keras' converter cannot take, and why (`check_refused` below).
-REFUSED = {("bahdanau_seq2seq", "openvino")}
+REFUSED = {("bahdanau_seq2seq", "openvino"), ("bahdanau_seq2seq", "litert"),
+           ("linear_local", "onnx")}
 
 
 def family_params():
@@ -273,15 +274,21 @@ def test_torch_export_loads_and_runs_as_predict(family, export_dir):
 
 @pytest.mark.tf_only
 def test_what_does_not_convert_is_refused_by_name(tmp_path):
-    """The Bahdanau stacks' GRUs (Keras' recurrent loop) do not convert to OpenVINO: the
+    """The Bahdanau stacks' GRUs (Keras' recurrent loop) convert to neither OpenVINO nor
+    LiteRT's builtin ops: the
     exporter names the layer, the format and the way around it, and writes nothing."""
     model = bahdanau()
     path = str(tmp_path / "bahdanau.xml")
     with pytest.raises(ValueError, match=r"Layer 'encoder' \(BahdanauEncoder, through its GRU "
                                          r".*format='openvino'.*format=\"onnx\""):
         export_formats.export(model, path, format="openvino")
+    with pytest.raises(ValueError, match=r"Layer 'encoder'.*format='litert'.*Flex"):
+        export_formats.export(model, str(tmp_path / "bahdanau.tflite"), format="litert")
     assert export_formats.unexportable(model, "onnx") is None
-    assert export_formats.unexportable(model, "litert") is None
+    linear = linear_local()
+    with pytest.raises(ValueError, match=r"Layer 'linear_attention.*format='onnx'.*openvino"):
+        export_formats.export(linear, str(tmp_path / "linear.onnx"), format="onnx")
+    assert export_formats.unexportable(linear, "openvino") is None
     with pytest.raises(ValueError, match="argument `format`"):
         export_formats.export(model, str(tmp_path / "bahdanau.onnnx"), format="onnnx")
     assert not list(tmp_path.iterdir())

@@ -33,4 +33,4 @@ def merge_heads(x):
     """`(B, H, T, d)` -> `(B, T, H · d)`."""
     x = ops.transpose(x, (0, 2, 1, 3))  # (B, T, H, d)
     shape = ops.shape(x)
-    return xla_barrier(ops.reshape(x, tuple(shape[:2]) + (shape[2] * shape[3],)))
+    return xla_barrier(reshape_keeping_batch(x, (shape[2] * shape[3],)))
