@@ -193,8 +193,9 @@ def run_torch(path, model, inputs):
     import torch
 
     module = torch.export.load(path).module()
+    tensors = [torch.from_numpy(a) for a in inputs]
     with torch.no_grad():
-        outputs = module(*[torch.from_numpy(a) for a in inputs])
+        outputs = module(tensors if len(tensors) > 1 else tensors[0])
     return [o.numpy() for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])]
 
 
@@ -228,7 +229,12 @@ def family(request, export_dir):
 def exported(family, fmt: str, export_dir) -> str:
     if fmt not in family["paths"]:
         path = str(export_dir / f"{family['name']}{SUFFIX[fmt]}")
-        family["model"].export(path, format=fmt, verbose=False)
+        kwargs = {}
+        if fmt == "torch":  # a program of the traced shape: the family's inputs' own
+            specs = [keras.InputSpec(shape=a.shape, dtype=str(a.dtype))
+                     for a in family["inputs"]]
+            kwargs["input_signature"] = [specs] if len(specs) > 1 else specs
+        family["model"].export(path, format=fmt, verbose=False, **kwargs)
         family["paths"][fmt] = path
     return family["paths"][fmt]
 
