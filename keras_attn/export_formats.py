@@ -38,7 +38,11 @@ _REFUSED = (
 
 def unexportable(model: keras.Model, format: str) -> str | None:
     """Why `model` does not export to `format`, naming the first layer it cannot take, or
-    None where it exports."""
+    None where it exports. The refusals concern the converters of TensorFlow graphs (tf2onnx,
+    LiteRT's, OpenVINO's TensorFlow frontend), which Keras uses on TensorFlow and JAX; on
+    torch Keras traces with torch and nothing is refused."""
+    if keras.backend.backend() == "torch":
+        return None
     for refused_format, classes, why in _REFUSED:
         if format != refused_format:
             continue
