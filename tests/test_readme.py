@@ -20,7 +20,7 @@ SHRINK = [(r"load_dates_translation\(\)", "load_dates_translation(num_examples=1
 # The documents whose blocks run here; docs/scale.md's block needs 8 JAX devices and runs in
 # tests/test_sharding.py.
 DOCUMENTS = ["README.md", "docs/layers.md", "docs/models.md", "docs/checkpoints.md",
-             "docs/examples.md"]
+             "docs/examples.md", "docs/exporting.md"]
 RUN_ELSEWHERE = {"docs/scale.md": "tests/test_sharding.py"}
 
 

@@ -30,6 +30,7 @@ RANKS = {
     "keras_attn.preprocessing": 6,  # tokenizers as layers (checkpoint tokenizers wrapped)
     "keras_attn.export": 7,
     "keras_attn.export_generator": 7,
+    "keras_attn.export_formats": 7,
     "keras_attn.distribute": 7,
     "keras_attn.tasks": 8,  # models used whole: backbone + preprocessor + sampler, on top
     # Code that serves the examples and benchmarks (tiny checkpoints, the translation recipe):

@@ -25,6 +25,17 @@ def gelu_tanh(x):
     return keras.activations.gelu(x, approximate=True)
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
+def gelu_erf(x):
+    """Exact GELU, `x Φ(x) = ½ x (1 + erf(x / √2))`, written with `erf`: Keras' `"gelu"` on
+    TensorFlow computes `erfc`, which tf2onnx (1.17, Keras' ONNX export) writes as an ONNX op
+    that does not exist. The same function to a float32 rounding error."""
+    return 0.5 * x * (1.0 + keras.ops.erf(x * _INV_SQRT2))
+
+
+_INV_SQRT2 = 0.7071067811865476
+
+
 def get_activation(activation, gated_names: bool = True):
     """A Keras activation or `"gelu_tanh"` as a function; with `gated_names`, a name of `GATED`
     as it is. Anything else is a ValueError naming `activation`."""

@@ -25,6 +25,8 @@ from keras_attn.layers.position_encoding import RotaryEmbedding
 from keras_attn.layers.quantization import QuantizedSublayers
 from keras_attn.ops.attention import check_bias
 from keras_attn.ops.axes import check_axes_argument
+from keras_attn.ops.dispatch import weights_request
+from keras_attn.ops.heads import reshape_keeping_batch
 from keras_attn.tuning import xla_dense
 
 # What `MultiHead` takes as keywords besides its Keras arguments: the configuration's fields
@@ -314,7 +316,8 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
             q, k_all, v_all, mask, dropout_rate=self.dropout if training else 0.0,
             seed=self.seed_generator, implementation=self.implementation,
             chunk_size=self.chunk_size, bias=attention_bias,
-            position_bias=self._position_bias(), return_weights=bool(return_attention_scores),
+            position_bias=self._position_bias(),
+            return_weights=weights_request(return_attention_scores, training),
             soft_cap=self.config.soft_cap, flash_attention=self.config.flash_attention,
         )  # (B, H, T, dv), (B, H, T, S) or None
         results = (self._combine_heads(context, query),)
@@ -336,8 +339,8 @@ class MultiHead(QuantizedSublayers, KeyValueCache, AnyRankInputs, BaseAttention)
         x = tuning.fused_dense(layers, query)  # (B, T, (H + 2 H_kv) · d)
         if self.num_key_value_heads == self.num_heads:
             # One transpose puts q, k, v first; splitting the first axis copies nothing.
-            shape = tuple(ops.shape(x)[:2]) + (3, self.num_heads, self.key_dim)
-            x = ops.transpose(ops.reshape(x, shape), (2, 0, 3, 1, 4))  # (3, B, H, T, d)
+            x = reshape_keeping_batch(x, (3, self.num_heads, self.key_dim))
+            x = ops.transpose(x, (2, 0, 3, 1, 4))  # (3, B, H, T, d)
             q, k, v = (ops.squeeze(part, 0) for part in ops.split(x, 3, axis=0))  # (B, H, T, d)
         else:
             x = attn_ops.split_heads(x, self.num_heads + 2 * self.num_key_value_heads)

@@ -104,7 +104,8 @@ class NWPooling(BaseAttention):
         weights = ops.cast(weights, value.dtype)
         pooled = self.dropout_weights(weights, training)
         if len(value.shape) == 2:
-            outputs = ops.einsum("bts,bs->bt", pooled, value)  # (B, T)
+            # A product, not einsum("bts,bs->bt"): LiteRT has no builtin einsum.
+            outputs = ops.squeeze(ops.matmul(pooled, ops.expand_dims(value, -1)), -1)  # (B, T)
         else:
             outputs = ops.matmul(pooled, value)  # (B, T, dv)
         return outputs, weights

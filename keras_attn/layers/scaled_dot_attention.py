@@ -7,6 +7,7 @@ import keras
 from keras_attn import ops as attn_ops
 from keras_attn._checks import check_number
 from keras_attn.layers.base import BaseAttention, check_last_dim
+from keras_attn.ops.dispatch import weights_request
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -52,7 +53,8 @@ class ScaledDotAttention(BaseAttention):
     def attend(self, query, key, value, mask, training, need_weights=True):
         return attn_ops.attend(query, key, value, mask, scale=self.scale,
                                dropout_rate=self.dropout if training else 0.0,
-                               seed=self.seed_generator, return_weights=need_weights)
+                               seed=self.seed_generator,
+                               return_weights=weights_request(need_weights, training))
 
     def compute_output_shape(self, query_shape, key_shape=None, value_shape=None):
         value_shape = (key_shape or query_shape) if value_shape is None else value_shape

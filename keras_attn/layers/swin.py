@@ -15,10 +15,21 @@ from keras import ops
 
 from keras_attn import ops as attn_ops
 from keras_attn.layers import legacy
+from keras_attn.layers.activations import gelu_erf
 from keras_attn.layers.base import BaseAttention, check_positive_int, check_rate
 from keras_attn.layers.ffn import FFN
 from keras_attn.layers.initializers import sublayer_initializer
 from keras_attn.layers.quantization import QuantizedSublayers
+from keras_attn.ops.dispatch import weights_request
+
+
+def cyclic_shift(x, shift: int, height: int, width: int):
+    """`keras.ops.roll(x, (shift, shift), axis=(1, 2))` on a `(B, H, W, C)` grid of static
+    size, as two gathers at fixed indices: LiteRT has no builtin roll (its converter falls back
+    to the Flex delegate, `FlexRoll`)."""
+    rows = (np.arange(height) - shift) % height  # out[i] = x[(i - shift) mod H]
+    cols = (np.arange(width) - shift) % width
+    return ops.take(ops.take(x, rows, axis=1), cols, axis=2)  # (B, H, W, C)
 
 
 def window_partition(x, window_size: int):
@@ -182,7 +193,7 @@ class WindowAttention(QuantizedSublayers, BaseAttention):
         context, weights = attn_ops.dot_product_attention(
             q, k, v, mask, dropout_rate=self.dropout, training=bool(training),
             seed=self.seed_generator, bias=self.relative_position_bias()[None],
-            return_weights=need_weights,
+            return_weights=weights_request(need_weights, training),
         )  # (B · nW, H, M², d), (B · nW, H, M², M²)
         return self.output_dense(attn_ops.merge_heads(context)), weights
 
@@ -308,7 +319,7 @@ class SwinBlock(QuantizedSublayers, keras.layers.Layer):
                                          dtype=self.dtype_policy)
         self.norm2 = keras.layers.LayerNormalization(epsilon=self.epsilon, name="norm2",
                                                      dtype=self.dtype_policy)
-        self.mlp = FFN(max(1, round(channels * self.mlp_ratio)), activation="gelu",
+        self.mlp = FFN(max(1, round(channels * self.mlp_ratio)), activation=gelu_erf,
                        dropout=self.dropout, seed=self.seed, name="mlp", dtype=self.dtype_policy)
         self.norm1.build(input_shape)
         self.attention.build(windows_shape)
@@ -319,7 +330,7 @@ class SwinBlock(QuantizedSublayers, keras.layers.Layer):
         s, m = self.shift_size, self.window_size
         h = self.norm1(inputs)
         if s:
-            h = ops.roll(h, shift=(-s, -s), axis=(1, 2))  # (B, H, W, C)
+            h = cyclic_shift(h, -s, self.height, self.width)  # (B, H, W, C)
         windows = window_partition(h, m)  # (B · nW, M², C)
         mask = None
         if s:
@@ -330,7 +341,7 @@ class SwinBlock(QuantizedSublayers, keras.layers.Layer):
         h, weights = h if return_attention_scores else (h, None)  # weights only when asked
         h = window_reverse(h, m, self.height, self.width)  # (B, H, W, C)
         if s:
-            h = ops.roll(h, shift=(s, s), axis=(1, 2))
+            h = cyclic_shift(h, s, self.height, self.width)
         x = inputs + h
         outputs = x + self.mlp(self.norm2(x), training=training)  # (B, H, W, C)
         if not return_attention_scores:

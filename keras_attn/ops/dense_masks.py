@@ -77,7 +77,7 @@ def merge_masks(
     block = mask.block()
     if mask.query_valid is None:
         return block
-    rows = mask.query_valid[:, :, None]  # (B, T, 1)
+    rows = ops.expand_dims(mask.query_valid, -1)  # (B, T, 1); LiteRT: no [:, :, None] of bools
     return rows if block is None else ops.logical_and(block, rows)
 
 

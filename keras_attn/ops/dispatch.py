@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import keras
 from keras import ops
 
 from keras_attn import tuning
@@ -146,6 +147,28 @@ def _expand_rows(valid, rank: int):
     while len(valid.shape) < rank:
         valid = ops.expand_dims(valid, 1)
     return valid
+
+
+def weights_request(return_weights: bool, training) -> bool | None:
+    """What a layer asks `attend` for (`return_weights`): True when its caller wants the
+    weights; False (the dense kernel's fused backward pass, a custom gradient) where a gradient
+    may be taken; None (the dense kernel's plain forward pass, the same numbers) where none is:
+    `training=False`, or on TensorFlow `training=None` with no gradient tape recording (an
+    export's trace, eager inference). The exporters need the plain pass: OpenVINO's converter
+    makes a custom gradient's saved tensors extra outputs of the model."""
+    if return_weights:
+        return True
+    if training is False:
+        return None
+    if training is None and keras.backend.backend() == "tensorflow":
+        try:
+            from tensorflow.python.eager import (
+                record,  # not public API: without it, fused
+            )
+        except ImportError:
+            return False
+        return None if not record.could_possibly_record() else False
+    return False
 
 
 def attend(

@@ -328,7 +328,10 @@ class AttentionMask:
                 lens = _slice(lens, 1, row_start, rows, self.query_len)[:, :, None]  # (B, r, 1)
             parts.append(ops.less(col_pos[None], lens))  # (B, rows | 1, c)
         if self.key_valid is not None:
-            parts.append(_slice(self.key_valid, 1, col_start, cols, self.key_len)[:, None, :])
+            # expand_dims, not [:, None, :]: LiteRT has no builtin strided slice of booleans
+            # with a new axis (its converter falls back to the Flex delegate).
+            parts.append(ops.expand_dims(
+                _slice(self.key_valid, 1, col_start, cols, self.key_len), 1))  # (B, 1, c)
         if self.dense is not None:
             dense = _slice(self.dense, -2, row_start, rows, self.query_len)
             parts.append(_slice(dense, -1, col_start, cols, self.key_len))
