@@ -59,10 +59,15 @@ class TextStream:
         limits: int `(B,)`, each row's end position (exclusive).
         stop_ids: tuple of int, the ids that end a row (excluded from the text).
         stops: tuple of str, stop strings (kept, the text ends after the first).
+        prompts: optional list of str, the prompts as read: the text is then that of the
+            prompt and its continuation detokenized as one sequence (as `CausalLM.generate`
+            returns it), a stop string counting after the prompt only. Defaults to `None`
+            (the continuations alone).
     """
 
-    def __init__(self, tokenizer, lengths, limits, stop_ids=(), stops=()):
+    def __init__(self, tokenizer, lengths, limits, stop_ids=(), stops=(), prompts=None):
         self.tokenizer = tokenizer
+        self.prompts = None if prompts is None else list(prompts)
         self.lengths = np.asarray(lengths, "int64")
         self.limits = np.asarray(limits, "int64")
         self.stop_ids, self.stops = tuple(stop_ids), tuple(stops)
@@ -70,13 +75,23 @@ class TextStream:
         self.emitted = [""] * len(self.lengths)
         self.done = [False] * len(self.lengths)
 
-    def _continuations(self, tokens, last: int) -> list[list[int]]:
-        rows = []
+    def _continuations(self, tokens, last: int) -> tuple[list[list[int]], list[int]]:
+        """The rows' tokens to detokenize (with their prompts where `prompts` is given), and
+        how many new tokens each holds."""
+        rows, counts = [], []
         for row, start, limit in zip(np.asarray(tokens), self.lengths, self.limits):
             new = [int(t) for t in row[start:min(limit, last + 1)]]
             ends = [i for i, t in enumerate(new) if t in self.stop_ids]
-            rows.append(new[:ends[0]] if ends else new)
-        return rows
+            new = new[:ends[0]] if ends else new
+            counts.append(len(new))
+            rows.append(new if self.prompts is None else [int(t) for t in row[:start]] + new)
+        return rows, counts
+
+    def _cut(self, i: int, text: str) -> tuple[str, bool]:
+        """`text` cut after its first stop string past the prompt, and whether it was."""
+        offset = 0 if self.prompts is None else len(_common_prefix(self.prompts[i], text))
+        rest, stopped = cut_at_stop(text[offset:], self.stops)
+        return text[:offset] + rest, stopped
 
     def _texts(self, rows: list[list[int]]) -> list[str]:
         return [t.decode("utf-8") for t in self.tokenizer.detokenize(rows).numpy()]
@@ -85,10 +100,10 @@ class TextStream:
         """The new settled piece of every row (`""` where none) once `tokens` `(B, L)` hold
         the continuations up to position `last` (included); `finished` `(B,)` says which rows
         have ended (all their text is settled)."""
-        rows = self._continuations(tokens, last)
+        rows, counts = self._continuations(tokens, last)
         finished = np.asarray(finished, bool)
-        ended = [bool(finished[i]) or len(rows[i]) >= self.limits[i] - self.lengths[i] or (
-            self.stop_ids and len(rows[i]) < last + 1 - self.lengths[i])
+        ended = [bool(finished[i]) or counts[i] >= self.limits[i] - self.lengths[i] or (
+            self.stop_ids and counts[i] < last + 1 - self.lengths[i])
             for i in range(len(rows))]
         shorter = [row[:self._settled_tokens(row)] for row in rows]
         whole = self._texts(rows + shorter)
@@ -100,7 +115,7 @@ class TextStream:
             text = whole[i] if ended[i] else _common_prefix(whole[i], whole[len(rows) + i])
             if not ended[i]:
                 text = text.rstrip(REPLACEMENT)
-            text, stopped = cut_at_stop(text, self.stops)
+            text, stopped = self._cut(i, text)
             self.done[i] = ended[i] or stopped
             pieces.append(self._advance(i, text))
         return pieces

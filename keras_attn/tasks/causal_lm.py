@@ -359,25 +359,25 @@ class CausalLM(Task):
                                 max_new_tokens, ids, sampler, on_step)
 
         def texts_of(tokens):
-            continuation = self.preprocessor.generate_postprocess(
-                keras.ops.convert_to_numpy(tokens), lengths, limits,
-                stop_ids=ids["stop_token_ids"])
-            return [_cut_at_stop(t.decode("utf-8"), stops) for t in continuation.numpy()]
-
-        if stream:
-            text_stream = TextStream(self.preprocessor.tokenizer, lengths.numpy(),
-                                     limits.numpy(), ids["stop_token_ids"], stops)
-            pieces = stream_pieces(decode, text_stream, texts_of, context)
-            return (rows[0] for rows in pieces) if single else pieces
-        tokens = keras.ops.convert_to_numpy(decode())
-        texts = texts_of(tokens)
-        if context:
+            tokens = keras.ops.convert_to_numpy(tokens)
+            if not context:
+                continuation = self.preprocessor.generate_postprocess(
+                    tokens, lengths, limits, stop_ids=ids["stop_token_ids"])
+                return [_cut_at_stop(t.decode("utf-8"), stops) for t in continuation.numpy()]
             # The prompt and its continuation detokenized as one sequence (a word tokenizer
             # joins them with its separator); a stop string counts in the continuation only.
             whole = self.preprocessor.generate_postprocess(
                 tokens, lengths, limits, stop_ids=ids["stop_token_ids"], keep_prompt=True)
-            texts = [_cut_at_stop(w.decode("utf-8"), stops, len(os.path.commonprefix(
+            return [_cut_at_stop(w.decode("utf-8"), stops, len(os.path.commonprefix(
                 [c, w.decode("utf-8")]))) for c, w in zip(context, whole.numpy())]
+
+        if stream:
+            text_stream = TextStream(self.preprocessor.tokenizer, lengths.numpy(),
+                                     limits.numpy(), ids["stop_token_ids"], stops,
+                                     prompts=context or None)
+            pieces = stream_pieces(decode, text_stream, texts_of)
+            return (rows[0] for rows in pieces) if single else pieces
+        texts = texts_of(decode())
         return texts[0] if single else texts
 
     def _decode(self, token_ids, lengths, max_length, max_new_tokens, ids, sampler,
