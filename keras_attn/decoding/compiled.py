@@ -109,6 +109,19 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool | None = Fals
     return compiled[key](*arrays)
 
 
+def compilations(model) -> int:
+    """How many programs `run` has compiled for `model` so far: JAX's `jax.jit` programs,
+    TensorFlow's traces (a new prompt, temperature or seed compiles none; a new `max_length`
+    or sampler kind does). torch: `keras_attn.decoding.stepwise.compilations()`."""
+    total = 0
+    for fn in _COMPILED.get(model, {}).values():
+        if hasattr(fn, "experimental_get_tracing_count"):  # a tf.function
+            total += fn.experimental_get_tracing_count()
+        else:
+            total += fn._cache_size()  # a jax.jit function
+    return total
+
+
 def _static(options: dict) -> tuple:
     """The options as a hashable key (a sampler by its `compile_key()`)."""
     return tuple((name, value.compile_key() if hasattr(value, "compile_key") else value)
