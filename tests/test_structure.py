@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "keras_attn"
 # Lower ranks never import higher ones; modules of one rank import only within their group.
 RANKS = {
     "keras_attn._checks": 0,
+    "keras_attn._traced": 0,
     "keras_attn.tokens": 0,
     "keras_attn.tuning": 1,
     "keras_attn.ops": 2,

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attn._checks import check_bool
+from keras_attn._traced import TracedFunctions
 from keras_attn.checkpoints.tokenizer_lengths import (
     pad_ids,
     read_padding,
@@ -156,7 +157,7 @@ class CheckpointTokenizer(tf.Module):
         super().__init__(name=name)
         self.kind = kind
         self.truncation = None if truncation is None else dict(truncation)
-        self._functions = _Functions()
+        self._functions = TracedFunctions()
         self.padding = None if padding is None else dict(padding)
         self.tokens = list(tokens)
         self.vocab_size = len(tokens)
@@ -284,14 +285,8 @@ class CheckpointTokenizer(tf.Module):
         return ids
 
     def _compiled(self, key, function, *signature):
-        """`function` traced once per `key` for the tensors of `signature` (a concrete
-        function: the cheapest call), kept where a SavedModel of the tokenizer does not
-        look."""
-        functions = self._functions.functions
-        if key not in functions:
-            functions[key] = tf.function(function, input_signature=signature,
-                                         autograph=False).get_concrete_function()
-        return functions[key]
+        """`function` traced once per `key` for the tensors of `signature`."""
+        return self._functions.get(key, function, *signature)
 
     @tf.autograph.experimental.do_not_convert  # without autograph takes seconds less
     def decode(self, ids, skip_special_tokens: bool = True) -> tf.Tensor:
@@ -331,14 +326,6 @@ class CheckpointTokenizer(tf.Module):
 
 _TEXTS = tf.TensorSpec([None], tf.string)
 _IDS = tf.TensorSpec([None], tf.int64)  # the values and row splits of ids (B, None)
-
-
-class _Functions:
-    """The traced functions of a tokenizer's eager calls: a plain object, so that `tf.Module`
-    tracks (and a SavedModel saves) none of them."""
-
-    def __init__(self):
-        self.functions = {}
 
 
 def _texts_batch(texts) -> tf.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import keras
 
 from keras_attn._checks import check_int
+from keras_attn._traced import TracedFunctions
 from keras_attn.preprocessing.tokenizers import (
     Tokenizer,
     as_string_tensor,
@@ -149,8 +150,6 @@ class CausalLMPreprocessor(keras.layers.Layer):
 
         tokenizer = self.tokenizer
         texts = as_string_tensor("prompt", texts)
-        batch = tf.shape(texts)[0]
-        body = tokenizer.tokenize(texts, add_special_tokens=False)  # ragged (B, None)
         prefix, suffix = ((tokenizer.prefix_ids, tokenizer.suffix_ids) if add_special_tokens
                           else ((), ()))
         template = len(prefix) + len(suffix)
@@ -158,6 +157,28 @@ class CausalLMPreprocessor(keras.layers.Layer):
             raise ValueError(
                 f"Argument `max_length` must leave room for the template's {template} ids, a "
                 f"prompt token and a new one. Received: max_length={max_length}")
+        if not tf.executing_eagerly():  # inside the caller's graph (an exported generator)
+            return self._generate_preprocess(texts, max_length, max_new_tokens,
+                                             add_special_tokens)
+        # Eagerly, one traced graph per static setting (not op by op, ~10 ms a call).
+        whole = max_new_tokens is None
+        function = self._traced(
+            ("preprocess", int(max_length), whole, bool(add_special_tokens)),
+            lambda t, n: self._generate_preprocess(t, max_length, None if whole else n,
+                                                   add_special_tokens),
+            tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.int32))
+        return function(texts, tf.constant(0, tf.int32) if whole
+                        else tf.cast(max_new_tokens, tf.int32))
+
+    def _generate_preprocess(self, texts, max_length, max_new_tokens, add_special_tokens):
+        import tensorflow as tf
+
+        tokenizer = self.tokenizer
+        batch = tf.shape(texts)[0]
+        body = tokenizer.tokenize(texts, add_special_tokens=False)  # ragged (B, None)
+        prefix, suffix = ((tokenizer.prefix_ids, tokenizer.suffix_ids) if add_special_tokens
+                          else ((), ()))
+        template = len(prefix) + len(suffix)
         if max_new_tokens is None:  # the whole prompt when it fits, as transformers keeps it
             room = 1
         else:
@@ -195,18 +216,38 @@ class CausalLMPreprocessor(keras.layers.Layer):
         tokens = tf.convert_to_tensor(keras.ops.convert_to_numpy(tokens) if not tf.is_tensor(
             tokens) else tokens)
         tokens = tf.cast(tokens, tf.int32)
+        lengths = tf.cast(lengths, tf.int32)
+        stop_ids = tuple(int(i) for i in (self.tokenizer.end_token_ids if stop_ids is None
+                                          else stop_ids))
+        if limits is None:
+            limits = tf.fill(tf.shape(lengths), tf.shape(tokens)[1])
+        limits = tf.cast(limits, tf.int32)
+        if not tf.executing_eagerly():
+            return self._generate_postprocess(tokens, lengths, limits, stop_ids, keep_prompt)
+        function = self._traced(
+            ("postprocess", stop_ids, bool(keep_prompt)),
+            lambda t, n, m: self._generate_postprocess(t, n, m, stop_ids, keep_prompt),
+            tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None], tf.int32))
+        return function(tokens, lengths, limits)
+
+    def _generate_postprocess(self, tokens, lengths, limits, stop_ids, keep_prompt):
+        import tensorflow as tf
+
         length = tf.shape(tokens)[1]
         positions = tf.range(length)[None, :]  # (1, L)
-        lengths = tf.cast(lengths, tf.int32)
-        limits = tf.fill(tf.shape(lengths), length) if limits is None else tf.cast(limits,
-                                                                                  tf.int32)
         new = (positions >= lengths[:, None]) & (positions < limits[:, None])  # (B, L)
-        stop_ids = tuple(self.tokenizer.end_token_ids if stop_ids is None else stop_ids)
         stops = tf.constant(stop_ids, tf.int32, shape=[len(stop_ids)])
         ends = tf.reduce_any(tokens[:, :, None] == stops[None, None, :], axis=-1)
         ended = tf.cumsum(tf.cast(ends & new, tf.int32), axis=1) > 0  # the end and after
         kept = (positions < limits[:, None]) if keep_prompt else new  # (B, L)
         return self.tokenizer.detokenize(tf.ragged.boolean_mask(tokens, kept & ~ended))
+
+    def _traced(self, key, function, *signature):
+        """`function` traced once per `key` for the tensors of `signature`."""
+        if not hasattr(self, "_functions"):
+            self._functions = TracedFunctions()
+        return self._functions.get(key, function, *signature)
 
     def __call__(self, texts):
         # Strings are TensorFlow tensors whatever the backend: no conversion to the backend's.
@@ -217,3 +258,4 @@ class CausalLMPreprocessor(keras.layers.Layer):
         config.update({"tokenizer": keras.layers.serialize(self.tokenizer),
                        "sequence_length": self.sequence_length})
         return config
+
