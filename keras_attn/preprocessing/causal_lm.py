@@ -54,6 +54,7 @@ class CausalLMPreprocessor(keras.layers.Layer):
         tokenizer = as_tokenizer(tokenizer)
         check_int("sequence_length", sequence_length, 2)
         self.tokenizer, self.sequence_length = tokenizer, int(sequence_length)
+        self._functions = TracedFunctions()  # generate_pre/postprocess's eager calls
         self.built = True
 
     # ---- the special ids, derived once -------------------------------------------------------
@@ -159,25 +160,24 @@ class CausalLMPreprocessor(keras.layers.Layer):
                 f"prompt token and a new one. Received: max_length={max_length}")
         if not tf.executing_eagerly():  # inside the caller's graph (an exported generator)
             return self._generate_preprocess(texts, max_length, max_new_tokens,
-                                             add_special_tokens)
+                                             add_special_tokens, prefix, suffix)
         # Eagerly, one traced graph per static setting (not op by op, ~10 ms a call).
         whole = max_new_tokens is None
         function = self._traced(
             ("preprocess", int(max_length), whole, bool(add_special_tokens)),
             lambda t, n: self._generate_preprocess(t, max_length, None if whole else n,
-                                                   add_special_tokens),
+                                                   add_special_tokens, prefix, suffix),
             tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.int32))
         return function(texts, tf.constant(0, tf.int32) if whole
                         else tf.cast(max_new_tokens, tf.int32))
 
-    def _generate_preprocess(self, texts, max_length, max_new_tokens, add_special_tokens):
+    def _generate_preprocess(self, texts, max_length, max_new_tokens, add_special_tokens,
+                             prefix, suffix):
         import tensorflow as tf
 
         tokenizer = self.tokenizer
         batch = tf.shape(texts)[0]
         body = tokenizer.tokenize(texts, add_special_tokens=False)  # ragged (B, None)
-        prefix, suffix = ((tokenizer.prefix_ids, tokenizer.suffix_ids) if add_special_tokens
-                          else ((), ()))
         template = len(prefix) + len(suffix)
         if max_new_tokens is None:  # the whole prompt when it fits, as transformers keeps it
             room = 1
@@ -245,8 +245,6 @@ class CausalLMPreprocessor(keras.layers.Layer):
 
     def _traced(self, key, function, *signature):
         """`function` traced once per `key` for the tensors of `signature`."""
-        if not hasattr(self, "_functions"):
-            self._functions = TracedFunctions()
         return self._functions.get(key, function, *signature)
 
     def __call__(self, texts):
@@ -258,4 +256,3 @@ class CausalLMPreprocessor(keras.layers.Layer):
         config.update({"tokenizer": keras.layers.serialize(self.tokenizer),
                        "sequence_length": self.sequence_length})
         return config
-
