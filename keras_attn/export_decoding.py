@@ -75,9 +75,17 @@ def _specs(layout):
                           name=item["name"]) for item in layout]
 
 
-def _step_function(step, structure, layout):
-    """A `tf.function` of one decode step over flat tensors: `(token_ids (B, 1), index,
-    *state) -> {"logits": (B, V), <state name>_out: ...}`."""
+def decode_step_function(step, structure, layout):
+    """A `tf.function` of one decode step over flat tensors, and its input signature:
+    `(token_ids (B, 1), index, *state) -> {"logits": (B, V), <state name>_out: ...}`.
+
+    Args:
+        step: `(token_ids (B,), index, state) -> (logits, state, attention)`
+            (`keras_attn.decoding.contract.step_function`).
+        structure: the state (`init_decode_state`'s), whose structure the flat tensors
+            fill.
+        layout: `_state_layout(structure)`: the flat tensors' names, shapes and dtypes.
+    """
     import tensorflow as tf
 
     names = [item["name"] for item in layout]
@@ -99,6 +107,20 @@ def _write(fn, signature, path: str, format: str, output_names: list[str], model
     graph's outputs named `output_names` (tf2onnx names them `Identity:0`, ...), the LiteRT
     model with the one signature `serve` (its inputs named as in `signature`); `model`
     holds the variables (a layer or model without tokenizer tables, which LiteRT has not)."""
+    import tensorflow as tf
+
+    # The conversions' TensorFlow warnings (e.g. a SavedModel's lookup tables loaded earlier
+    # in the process, which the frozen graph's collections cannot serialize) are not the
+    # export's: errors only while converting.
+    logger, level = tf.get_logger(), tf.get_logger().level
+    logger.setLevel("ERROR")
+    try:
+        _convert(fn, signature, path, format, output_names, model)
+    finally:
+        logger.setLevel(level)
+
+
+def _convert(fn, signature, path: str, format: str, output_names: list[str], model) -> None:
     import tensorflow as tf
 
     with gathered_cache_writes():
@@ -159,7 +181,7 @@ def _forward_function(model, max_length: int, format: str):
 
 
 def _metadata(task: str, format: str, max_length: int, ids: dict, vocabulary_size: int,
-              files: dict, layout: list[dict], first: dict) -> dict:
+              files: dict, layout: list[dict], initial_state: str) -> dict:
     names = [item["name"] for item in layout]
     return {
         "task": task, "format": format, "max_length": int(max_length),
@@ -167,10 +189,24 @@ def _metadata(task: str, format: str, max_length: int, ids: dict, vocabulary_siz
         "stop_token_ids": list(ids["stop_token_ids"] or ()), "pad_id": ids["pad_id"],
         "fill_id": ids["fill_id"], "bos_id": ids["bos_id"],
         "suppressed_ids": list(ids["suppressed_ids"]),
-        "files": files, "state": layout, "first": first,
+        "files": files, "state": layout, "initial_state": initial_state,
         "decode_step": {"inputs": ["token_ids", "index"] + names,
                         "outputs": ["logits"] + [f"{n}_out" for n in names]},
     }
+
+
+def causal_lm_step(model, max_length: int):
+    """The decode step of a causal LM over a cache of `max_length` positions as a
+    `tf.function` (`decode_step_function`): `(fn, input_signature, state layout)`. Traced
+    outside `gathered_cache_writes` it is the step `generate` runs (a slice update)."""
+    from keras_attn.decoding import causal_lm, contract
+
+    layer = causal_lm.decoder(model)
+    structure = layer.init_decode_state(1, max_length)
+    layout = _state_layout(structure)
+    fn, signature = decode_step_function(contract.step_function(layer, False), structure,
+                                         layout)
+    return fn, signature, layout
 
 
 def export_causal_lm(model, path: str, format: str, max_length: int, ids: dict) -> str:
@@ -186,21 +222,19 @@ def export_causal_lm(model, path: str, format: str, max_length: int, ids: dict) 
     Returns:
         `path`.
     """
-    from keras_attn.decoding import causal_lm, checks, contract
+    from keras_attn.decoding import causal_lm, checks
 
     check_format("CausalLM", format, FORMATS)
     path = check_new_directory("path", path)
     check_int("max_length", max_length, 2)
     os.makedirs(path, exist_ok=True)
-    layer = causal_lm.decoder(model)
-    structure = layer.init_decode_state(1, max_length)
-    layout = _state_layout(structure)
     files = {"forward": "forward" + SUFFIX[format], "decode_step": "decode_step" + SUFFIX[format]}
+    layer = causal_lm.decoder(model)
     forward, signature = _forward_function(model, max_length, format)
     _write(forward, signature, os.path.join(path, files["forward"]), format, ["logits"], layer)
-    step, signature = _step_function(contract.step_function(layer, False), structure, layout)
+    step, signature, layout = causal_lm_step(model, max_length)
     meta = _metadata("causal_lm", format, max_length, ids, checks.vocabulary_size(layer),
-                     files, layout, {"state": "zeros"})
+                     files, layout, "zeros")
     _write(step, signature, os.path.join(path, files["decode_step"]), format,
            meta["decode_step"]["outputs"], layer)
     with open(os.path.join(path, METADATA), "w") as f:
@@ -260,10 +294,10 @@ def export_seq2seq(backbone, path: str, format: str, max_length: int, ids: dict)
     files = {"encoder": "encoder" + SUFFIX[format],
              "decode_step": "decode_step" + SUFFIX[format]}
     meta = _metadata("seq2seq", format, max_length, ids, checks.vocabulary_size(decoder),
-                     files, layout, {"state": "encoder"})
+                     files, layout, "encoder")
     _write(encode, signature, os.path.join(path, files["encoder"]), format,
            [f"{item['name']}_out" for item in layout], backbone)
-    step, signature = _step_function(contract.step_function(decoder, False), structure,
+    step, signature = decode_step_function(contract.step_function(decoder, False), structure,
                                      layout)
     _write(step, signature, os.path.join(path, files["decode_step"]), format,
            meta["decode_step"]["outputs"], backbone)

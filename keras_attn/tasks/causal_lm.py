@@ -434,17 +434,12 @@ class CausalLM(Task):
         from keras_attn.decoding import special_ids
         from keras_attn.export_decoding import export_causal_lm
 
-        if max_length is None:
-            if self.preprocessor is None:
-                raise ValueError(f"Argument `max_length` is required to export to "
-                                 f"format={format!r} without a preprocessor.")
-            max_length = self.preprocessor.sequence_length
-        check_int("max_length", max_length, 2)
-        self._check_positions(int(max_length))
+        max_length = self._steps_max_length(max_length, format, "sequence_length", 2)
+        self._check_positions(max_length)
         ids = self._ids("auto")
         ids = special_ids(self, stop_token_ids=ids["stop_token_ids"] or None,
                           pad_id=ids["pad_id"], suppressed_ids=ids["suppressed_ids"])
-        return export_causal_lm(self, path, format, int(max_length), ids)
+        return export_causal_lm(self, path, format, max_length, ids)
 
     def get_config(self):
         config = super().get_config()

@@ -319,13 +319,8 @@ class Seq2SeqLM(Task):
                 raise ValueError(f"Argument `{name}` applies to the SavedModel's search; the "
                                  f"format={format!r} export is searched outside the graph. "
                                  f"Received: {name}={value!r}")
-        if max_length is None:
-            if self.preprocessor is None:
-                raise ValueError(f"Argument `max_length` is required to export to "
-                                 f"format={format!r} without a preprocessor.")
-            max_length = self.preprocessor.target_length
-        check_int("max_length", max_length, 1)
-        return export_seq2seq(self.backbone, path, format, int(max_length),
+        max_length = self._steps_max_length(max_length, format, "target_length", 1)
+        return export_seq2seq(self.backbone, path, format, max_length,
                               special_ids(self.backbone))
 
     def get_config(self):
