@@ -12,8 +12,9 @@ Files in the export directory (`.onnx` for `"onnx"`, `.tflite` for `"litert"`):
   cross-attention keys and values, the source mask, the self-attention caches at zero);
 - both: `decode_step` (`token_ids` int32 `(B, 1)`, `index` int32 `()` the token's position,
   then the state tensors -> `logits` float32 `(B, V)` predicting position `index + 1`, then the
-  updated state, in the same order and with the same names plus `_out`). The self-attention
-  caches have the static length `max_length` (`(B, H_kv, max_length, head_dim)`).
+  updated state, named as its inputs plus `_out`; `export.json` lists both). The
+  self-attention caches have the static length `max_length` (`(B, H_kv, max_length,
+  head_dim)`).
 
 The decode step is traced with `keras_attn.layers.cache.gathered_cache_writes`: its caches are
 written by a gather and a select, the same numbers as the slice update that tf2onnx (1.17)
@@ -33,7 +34,7 @@ from keras_attn.layers.cache import gathered_cache_writes
 
 FORMATS = ("onnx", "litert")
 SUFFIX = {"onnx": ".onnx", "litert": ".tflite"}
-OPSET = 17  # Keras' ONNX export's default
+OPSET = 17  # the ONNX opset written
 METADATA = "export.json"
 
 
@@ -276,8 +277,8 @@ def export_seq2seq(backbone, path: str, format: str, max_length: int, ids: dict)
         backbone: a keras_attn sequence-to-sequence model (layers `"encoder"`, `"decoder"`).
         path: str, a new or empty directory.
         format: `"onnx"`.
-        max_length: int, the output positions (`<bos>` excluded): the self-attention cache
-            holds `max_length + 1`.
+        max_length: int, the output positions (`<bos>` excluded), the self-attention
+            caches' length.
         ids: the special ids (`keras_attn.decoding.special_ids`).
 
     Returns:

@@ -103,6 +103,13 @@ def greedy(path: str, token_ids, max_new_tokens: int | None = None, runners=None
         pad = meta["pad_id"]
         lengths = (np.full(batch, token_ids.shape[1]) if pad is None
                    else (token_ids != pad).sum(axis=1)).astype("int32")
+        prefix = np.arange(token_ids.shape[1])[None, :] < lengths[:, None]  # (B, P)
+        bad = np.flatnonzero((lengths < 1) | ((token_ids != pad) != prefix).any(axis=1)
+                             if pad is not None else lengths < 1)
+        if bad.size:
+            raise ValueError("Argument `token_ids` must hold right-padded prompts: each row "
+                             f"at least one token (e.g. <bos>), then only the padding id {pad}. "
+                             f"Received: row {int(bad[0])} = {token_ids[bad[0]].tolist()}")
         tokens = np.full((batch, length), fill, "int32")
         tokens[:, :token_ids.shape[1]] = token_ids
     else:  # the decoder starts from <bos>, its outputs are `max_length` tokens

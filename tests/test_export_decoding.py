@@ -205,7 +205,7 @@ def test_an_unknown_format_is_refused(lm, tmp_path):
 
 
 @tf_only
-def test_what_cannot_be_exported_is_named(lm, tmp_path):
+def test_what_cannot_be_exported_is_named(lm, exported, tmp_path):
     bare = CausalLM(lm.backbone)
     with pytest.raises(ValueError, match="max_length"):
         bare.export(str(tmp_path / "a"), format="onnx")
@@ -214,6 +214,9 @@ def test_what_cannot_be_exported_is_named(lm, tmp_path):
     with pytest.raises(ValueError, match="token_ids"):
         export_steps.greedy(str(tmp_path), np.zeros((2,), "int32"),
                             runners=({"max_length": 4}, {}))
+    for prompts, row in (([[2, 5], [0, 0]], 1), ([[2, 0, 5]], 0)):  # all padding, not right
+        with pytest.raises(ValueError, match=f"token_ids.*row {row}"):
+            export_steps.greedy(exported("onnx"), np.array(prompts, "int32"))
 
 
 @pytest.mark.parametrize("offset", [0, 2, 3])
