@@ -231,3 +231,17 @@ def test_gathered_cache_writes_equal_the_slice_update(offset):
     got = _gathered_write(keras.ops.convert_to_tensor(cache), keras.ops.convert_to_tensor(new),
                           keras.ops.convert_to_tensor(offset, "int32"))
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(got), expected)
+
+
+@tf_only
+def test_what_a_seq2seq_export_cannot_take_is_named(tmp_path):
+    from keras_attn.tasks import Seq2SeqLM
+
+    translator = Seq2SeqLM(ka.models.transformer_seq2seq(20, 20, num_layers=1, hidden_dim=16,
+                                                         num_heads=2, intermediate_dim=32))
+    for kwargs, match in (({"format": "litert"}, "`format`.*'litert'"),
+                          ({"format": "onnx"}, "max_length"),
+                          ({"format": "onnx", "max_length": 8, "beam_size": 4}, "beam_size")):
+        with pytest.raises(ValueError, match=match):
+            translator.export(str(tmp_path / "translator"), **kwargs)
+    assert not os.path.exists(tmp_path / "translator")
