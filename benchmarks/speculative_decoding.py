@@ -26,10 +26,11 @@ from _common import example_module, header, median, time_alternating
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=None, help="the book (default: char_lm.py's)")
-    parser.add_argument("--target-dim", type=int, default=256)
-    parser.add_argument("--draft-dim", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=300, help="training steps of each model")
-    parser.add_argument("--distill-steps", type=int, default=100,
+    parser.add_argument("--dim", type=int, default=64, help="width of both models")
+    parser.add_argument("--steps", type=int, default=250, help="training steps of the target")
+    parser.add_argument("--draft-steps", type=int, default=100,
+                        help="training steps of the draft on the book")
+    parser.add_argument("--distill-steps", type=int, default=300,
                         help="steps of the draft on the target's greedy continuations")
     parser.add_argument("--batch", type=int, default=1, help="prompts decoded at once")
     parser.add_argument("--prompt", type=int, default=32, help="prompt characters")
@@ -68,30 +69,30 @@ def main(argv=None) -> None:
         return inputs.astype("int32"), np.stack([train_ids[s:s + length] for s in starts])
 
     def fit(model, x, y, steps):
-        model.compile(optimizer=keras.optimizers.AdamW(3e-3, weight_decay=0.01),
+        model.compile(optimizer=keras.optimizers.AdamW(2e-3, weight_decay=0.01),
                       loss=ka.metrics.MaskedSequenceLoss())
         start = time.perf_counter()
         history = model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False)
         print(f"  {model.name}: {steps} steps in {time.perf_counter() - start:.0f} s, "
               f"final loss {history.history['loss'][-1]:.3f}")
 
-    target = ka.models.causal_lm(len(vocabulary), num_layers=4, hidden_dim=args.target_dim,
-                                 num_heads=4, intermediate_dim=4 * args.target_dim,
-                                 seed=args.seed, name="target")
-    draft = ka.models.causal_lm(len(vocabulary), num_layers=1, hidden_dim=args.draft_dim,
-                                num_heads=2, intermediate_dim=4 * args.draft_dim,
-                                seed=args.seed + 1, name="draft")
+    target, draft = (ka.models.causal_lm(len(vocabulary), num_layers=layers,
+                                         hidden_dim=args.dim, num_heads=4,
+                                         intermediate_dim=4 * args.dim, seed=args.seed + seed,
+                                         name=name)
+                     for layers, seed, name in ((4, 0, "target"), (1, 1, "draft")))
     print(f"training on {len(train_ids):,} characters ({len(vocabulary) - 4} distinct), "
           f"windows of {length}, batch {batch_size}:")
     x, y = windows(args.steps * batch_size)
     fit(target, x, y, args.steps)
-    fit(draft, x, y, args.steps)
+    fit(draft, x[:args.draft_steps * batch_size], y[:args.draft_steps * batch_size],
+        args.draft_steps)
     if args.distill_steps:  # the draft on the target's greedy continuations of book windows
         half = length // 2
         prompts = windows(args.distill_steps * batch_size)[0][:, :half]
         continued = np.concatenate([keras.ops.convert_to_numpy(ka.decoding.generate(
-            target, prompts[i:i + 256], length + 1, stop_token_ids=None))
-            for i in range(0, len(prompts), 256)])
+            target, prompts[i:i + 800], length + 1, stop_token_ids=None))
+            for i in range(0, len(prompts), 800)])
         fit(draft, continued[:, :length], continued[:, 1:], args.distill_steps)
 
     starts = np.linspace(0, len(held_out) - args.prompt - 1, args.batch).astype(int)
