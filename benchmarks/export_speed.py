@@ -8,6 +8,12 @@ vocabulary 1000) and `transformer_seq2seq` (1 + 1 post-norm blocks, d=128), floa
 Reports the median milliseconds per call over `--rounds` alternating rounds
 (`_common.time_alternating`) and the ratio to TensorFlow's median (below 1: faster).
 
+Then the one-token decode step of the `causal_lm` exported by `CausalLM.export(path,
+format="onnx" | "litert")` (a cache of `--length` positions, the token at position
+`--length // 2`), in onnxruntime and LiteRT's interpreter against TensorFlow's cached step (the
+`tf.function` of the step `generate` runs, its cache written by a slice update): milliseconds
+per token for the batch, each runtime's logits and caches checked against TensorFlow's first.
+
     python benchmarks/export_speed.py [--batch 8] [--length 128] [--rounds 15]
 """
 
@@ -62,6 +68,39 @@ def runners(model, inputs, folder: str) -> dict:
     return fns
 
 
+def decode_step_runners(model, batch: int, length: int, folder: str) -> dict:
+    """name -> a function running one decode step of `model` (a `causal_lm`) at position
+    `length // 2` of a random cache, in TensorFlow, onnxruntime and LiteRT, after checking
+    the exported steps' outputs against TensorFlow's."""
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_attn import export_steps
+    from keras_attn.export_decoding import causal_lm_step
+    from keras_attn.tasks import CausalLM
+
+    lm = CausalLM(model)
+    step, _, layout = causal_lm_step(lm, length)  # traced here: the slice update
+    rng = np.random.default_rng(1)
+    feed = {"token_ids": rng.integers(4, 1000, (batch, 1)).astype("int32"),
+            "index": np.asarray(length // 2, "int32")}
+    feed.update({item["name"]: rng.normal(size=[batch] + item["shape"][1:]).astype("float32")
+                 for item in layout})
+    tensors = [tf.constant(v) for v in feed.values()]
+    expected = {name: value.numpy() for name, value in step(*tensors).items()}
+    fns = {"tensorflow": lambda: step(*tensors)["logits"].numpy()}
+    for fmt, name in (("onnx", "onnxruntime"), ("litert", "litert")):
+        path = lm.export(os.path.join(folder, f"lm_{fmt}"), max_length=length, format=fmt)
+        _, runners = export_steps.load(path)
+        runner = runners["decode_step"]
+        outputs = runner(feed)
+        error = max(float(np.max(np.abs(np.asarray(outputs[key]) - value)))
+                    for key, value in expected.items())
+        print(f"  decode step {name}: max |out - TensorFlow's| = {error:.1e}")
+        fns[name] = lambda runner=runner: runner(feed)["logits"]
+    return fns
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -93,6 +132,15 @@ def main() -> None:
             for name, values in times.items():
                 ms = 1000 * _common.median(values)
                 print(f"| {model.name} | {name} | {ms:.2f} | {_common.median(values) / base:.2f} |")
+        decoder = models[0][0]
+        fns = decode_step_runners(decoder, args.batch, args.length, folder)
+        times = _common.time_alternating(fns, args.rounds * 4, warmup=3)
+        base = _common.median(times["tensorflow"])
+        print(f"| decode step (batch {args.batch}, cache {args.length}) | runtime | "
+              "median ms per token | / TensorFlow |")
+        for name, values in times.items():
+            ms = 1000 * _common.median(values)
+            print(f"| decode step | {name} | {ms:.3f} | {_common.median(values) / base:.2f} |")
 
 
 if __name__ == "__main__":

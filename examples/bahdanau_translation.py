@@ -54,7 +54,10 @@ def build_model(data, args):
 
 
 def main(argv=None) -> dict:
-    args = parse_args(__doc__.splitlines()[0], DEFAULTS, argv, MODEL_FLAGS, USAGE)
+    args = parse_args(__doc__.splitlines()[0], DEFAULTS, argv, MODEL_FLAGS, USAGE,
+                      unsupported={"export_format": "--export-format is an option of the "
+                                   "Transformer example (the Bahdanau one exports a "
+                                   "SavedModel)"})
     import_tensorflow_quietly()
     from keras_attn.recipes.translation import run
 

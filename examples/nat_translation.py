@@ -92,6 +92,8 @@ USAGE = (
 # Options of the shared command line that this example does not implement: not in its --help,
 # refused when given.
 UNSUPPORTED = {
+    "export_format": ("--export-format is not an option of the NAT example (Mask-Predict has "
+                      "no one-token decode step to export)"),
     "beam_size": "--beam-size is not an option of the NAT example (it has --length-beam)",
     "length_penalty": ("--length-penalty is not an option of the NAT example (its candidate "
                        "lengths rank by mean log-probability)"),

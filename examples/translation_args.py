@@ -151,6 +151,12 @@ def parse_args(description: str, defaults: dict, argv=None, model_flags: dict | 
                              "the SavedModel " + _default_text(defaults, "out"))
     parser.add_argument("--export-dir", default=None,
                         help="SavedModel directory (default: OUT/saved_model)")
+    parser.add_argument("--export-format", choices=("tf_saved_model", "onnx"),
+                        default="tf_saved_model",
+                        help="onnx: also write OUT/onnx (beside the SavedModel's directory): the "
+                             "encoder and the one-token decode step for onnxruntime, decoded "
+                             "greedily by keras_attn.export_steps and checked against Python "
+                             "(default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results and SavedModel of an earlier run in OUT "
                              "(default: refuse)")

@@ -142,12 +142,18 @@ def test_a_run_never_replaces_an_earlier_run(tmp_path):
 
 
 def test_transformer_dates_smoke(tmp_path):
-    """Default export inside OUT, model size from the command line, a console that shows the
-    inputs as written and BLEU on the 0-100 scale, without TensorFlow noise."""
+    """Default export inside OUT (and the ONNX one beside it), model size from the command
+    line, a console that shows the inputs as written and BLEU on the 0-100 scale, without
+    TensorFlow noise."""
     size = ["--num-layers", "1", "--embed-dim", "16", "--num-heads", "2", "--ffn-dim", "32"]
-    result, out = run_example("transformer_translation.py", tmp_path, *SMOKE, *size)
+    result, out = run_example("transformer_translation.py", tmp_path, *SMOKE, *size,
+                              "--export-format", "onnx")
     metrics = check_outputs(out)
     assert metrics["epochs_run"] == 1 and metrics["task"] == "dates"
+    # The ONNX export beside the SavedModel decodes as Python does (keras_attn.export_steps).
+    assert metrics["onnx_matches_python"] is True
+    assert (out / "onnx" / "export.json").is_file() and metrics["onnx_export_dir"] == str(
+        out / "onnx")
     assert metrics["model_options"] == {"num_layers": 1, "embed_dim": 16, "num_heads": 2,
                                         "ffn_dim": 32, "dropout": 0.1}
     assert metrics["bleu_tokens"] == "characters"

@@ -328,6 +328,28 @@ BOTH = [
     pytest.param(lambda: models.bahdanau_seq2seq(
         12, 14, embedding_dim=default(models.bahdanau_seq2seq, "embedding_dim"), embed_dim=4),
         "embed_dim", id="bahdanau_seq2seq-embed_dim-default"),
+    # The same for the layers' and stacks' constructors (subclasses included).
+    pytest.param(lambda: ka.TokenEmbedding(vocab_size=12, vocabulary_size=None, hidden_dim=8),
+                 "vocab_size", id="TokenEmbedding-vocab_size-default"),
+    pytest.param(lambda: ka.TokenAndPositionEmbedding(vocabulary_size=None, sequence_length=6,
+                                                      embedding_dim=8, vocab_size=12),
+                 "vocab_size", id="TokenAndPositionEmbedding-vocab_size-default"),
+    pytest.param(lambda: ka.OutputHead(12, tie_word_embeddings=False, tie_embeddings=True),
+                 "tie_embeddings", id="OutputHead-tie_embeddings-default"),
+    pytest.param(lambda: ka.PatchEmbedding(2, hidden_dim=None, embed_dim=8), "embed_dim",
+                 id="PatchEmbedding-embed_dim-default"),
+    pytest.param(lambda: ka.TransformerEncoderBlock(ka.AttentionConfig(num_heads=2), None,
+                                                    ffn_dim=16), "ffn_dim",
+                 id="TransformerEncoderBlock-ffn_dim-default"),
+    pytest.param(lambda: ka.TransformerDecoderBlock(ka.AttentionConfig(num_heads=2), 16,
+                                                    layer_norm_epsilon=1e-5, epsilon=1e-6),
+                 "epsilon", id="TransformerDecoderBlock-epsilon-default"),
+    pytest.param(lambda: ka.TransformerDecoderOnlyBlock(ka.AttentionConfig(num_heads=2), 16,
+                                                        normalize_first=None, norm_first=True),
+                 "norm_first", id="TransformerDecoderOnlyBlock-norm_first-default"),
+    pytest.param(lambda: models.BahdanauEncoder(vocabulary_size=None, embedding_dim=4,
+                                                hidden_dim=4, vocab_size=12), "vocab_size",
+                 id="BahdanauEncoder-vocab_size-default"),
 ]
 
 

@@ -32,6 +32,8 @@ RANKS = {
     "keras_attn.export": 7,
     "keras_attn.export_generator": 7,
     "keras_attn.export_formats": 7,
+    "keras_attn.export_decoding": 7,
+    "keras_attn.export_steps": 7,  # NumPy + onnxruntime / LiteRT only: copied beside a service
     "keras_attn.distribute": 7,
     "keras_attn.tasks": 8,  # models used whole: backbone + preprocessor + sampler, on top
     # Code that serves the examples and benchmarks (tiny checkpoints, the translation recipe):

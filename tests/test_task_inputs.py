@@ -187,3 +187,35 @@ def test_max_length_beyond_the_position_table_is_refused():
         lm.generate(np.array([[BOS_ID, 5]], "int32"), max_length=17)
     assert keras.ops.convert_to_numpy(
         lm.generate(np.array([[BOS_ID, 5]], "int32"), max_length=16)).shape == (1, 16)
+
+
+# ---- 14. a new max_length neither retraces per length nor warns ---------------------------
+
+def test_new_max_lengths_share_one_program_and_give_the_same_prefix(char_lm, caplog):
+    from keras_attn.decoding import compiled, stepwise
+    from keras_attn.decoding.causal_lm import cache_length
+
+    def compilations():
+        if keras.backend.backend() == "torch":
+            return stepwise.compilations()
+        return compiled.compilations(char_lm)
+
+    prompts = ["the time", "it"]
+    char_lm.generate(prompts, max_length=17, stop_token_ids=None)  # the bucket 17..24
+    programs = compilations()
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        texts = {m: char_lm.generate(prompts, max_length=m, stop_token_ids=None)
+                 for m in range(17, 25)}
+    assert "retracing" not in caplog.text
+    assert compilations() == programs
+    assert {cache_length(m) for m in range(17, 25)} == {24}
+    # Greedy in a longer cache: each length's text is the next one's beginning.
+    for m in range(17, 24):
+        assert all(texts[m + 1][i].startswith(texts[m][i]) for i in range(2))
+    ids = np.array([[BOS_ID, 5, 6]], "int32")
+    tokens = {m: keras.ops.convert_to_numpy(char_lm.generate(ids, max_length=m,
+                                                             stop_token_ids=None))
+              for m in (9, 16, 17)}
+    assert [t.shape for t in tokens.values()] == [(1, 9), (1, 16), (1, 17)]
+    np.testing.assert_array_equal(tokens[16][:, :9], tokens[9])
+    np.testing.assert_array_equal(tokens[17][:, :16], tokens[16])

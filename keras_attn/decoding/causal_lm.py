@@ -31,9 +31,23 @@ def decoder(model):
     return compiled.contract_layer(model, "decoder", kind)
 
 
-def _generate(model, prompt_ids, lengths, max_new_tokens, alpha, *numbers, sampler, max_length,
-              stop_token_ids, fill_id, suppressed_ids, return_attention_scores, return_scores):
-    """The whole generation for one batch of prompts."""
+def cache_length(max_length: int, limit: int | None = None) -> int:
+    """The static cache length that decodes up to `max_length` positions: `max_length`
+    rounded up to a multiple of a quarter of its power of two (8 at least), at most `limit`
+    (the model's positions) and never below `max_length`. Lengths of one bucket share one
+    compiled program, so a new `max_length` seldom compiles (or retraces) again; the cache
+    is at most a quarter (or 7 positions) longer than asked."""
+    step = max(8, 1 << max(int(max_length - 1).bit_length() - 3, 0))
+    bucket = -(-max_length // step) * step
+    return max(max_length, min(bucket, limit)) if limit is not None else bucket
+
+
+def _generate(model, prompt_ids, lengths, max_new_tokens, end, alpha, *numbers, sampler,
+              max_length, stop_token_ids, fill_id, suppressed_ids, return_attention_scores,
+              return_scores):
+    """The whole generation for one batch of prompts, in a cache of `max_length` positions;
+    a row ends by position `end` (a scalar tensor, at most `max_length`: the positions from
+    `end` on stay `fill_id`)."""
     layer = decoder(model)
     prompt_ids = ops.cast(prompt_ids, "int32")
     batch, prompt_len = ops.shape(prompt_ids)[0], ops.shape(prompt_ids)[1]
@@ -49,7 +63,8 @@ def _generate(model, prompt_ids, lengths, max_new_tokens, alpha, *numbers, sampl
         prompt_ids, 0, state)
     # Each row ends at its prompt length plus `max_new_tokens`, or at `max_length`; written
     # so that no sum can exceed int32 (`max_new_tokens` may be 2**31 - 1).
-    limits = lengths + ops.minimum(max_new_tokens, max_length - lengths)  # (B,)
+    end = ops.cast(end, "int32")
+    limits = lengths + ops.minimum(max_new_tokens, end - lengths)  # (B,)
     ids = {"stop_token_ids": stop_token_ids, "suppressed_ids": suppressed_ids,
            "fill_id": fill_id}
     tokens, scores, attention = loops.search(
@@ -109,10 +124,18 @@ def run(model, prompt_ids, max_length: int, sampler, ids: dict, alpha, max_new_t
             "ranked over its whole length): set `max_length` instead. Received: "
             f"max_new_tokens={max_new_tokens!r}")
     max_new_tokens = new_tokens(max_new_tokens, max_length)
-    options = {"sampler": sampler, "max_length": int(max_length),
+    # One token at a time (not beam search, whose hypotheses are ranked over the whole
+    # length), without per-position outputs: decoded in a cache of a bucket's length.
+    bucketed = (beam is None or beam.num_beams == 1) and not (return_attention_scores or
+                                                              return_scores)
+    limit = getattr(decoder(model), "max_sequence_length", None)
+    length = cache_length(int(max_length), limit) if bucketed else int(max_length)
+    options = {"sampler": sampler, "max_length": length,
                "stop_token_ids": ids["stop_token_ids"], "fill_id": ids["fill_id"],
                "suppressed_ids": ids["suppressed_ids"],
                "return_attention_scores": bool(return_attention_scores),
                "return_scores": bool(return_scores)}
-    arrays = (prompt_ids, prompt_lengths, max_new_tokens, alpha) + sampler.tensors()
-    return tuple(compiled.run(_generate, model, arrays, options, jit_compile, on_step))
+    arrays = (prompt_ids, prompt_lengths, max_new_tokens,
+              ops.convert_to_tensor(int(max_length), "int32"), alpha) + sampler.tensors()
+    outputs = compiled.run(_generate, model, arrays, options, jit_compile, on_step)
+    return (outputs[0][:, :max_length],) + tuple(outputs[1:])

@@ -64,6 +64,7 @@ class _TransformerBlock(QuantizedSublayers, keras.layers.Layer):
     # The default of `normalize_first` (the decoder-only block's is True).
     normalize_first_default = False
 
+    @legacy.records_given
     def __init__(
         self,
         attention=None,

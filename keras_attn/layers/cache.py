@@ -8,11 +8,43 @@ whole sequence at once.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import keras
 from keras import ops
 
 from keras_attn._checks import check_positive_int, concrete_value, static_int
 from keras_attn.ops.masks import hide_positions
+
+# Set while an exporter traces a decode step (`gathered_cache_writes`): caches are then
+# written by a gather and a select, not a slice update.
+_GATHERED_WRITES = contextvars.ContextVar("keras_attn_gathered_cache_writes", default=False)
+
+
+@contextlib.contextmanager
+def gathered_cache_writes():
+    """Within this context, `KeyValueCache.write_cache` writes a call's keys and values by a
+    gather and a select over the cache's positions (`where(offset <= p < offset + T,
+    k[p - offset], cache)`), the same numbers as the slice update: the cache write that the
+    ONNX and LiteRT converters take (tf2onnx 1.17 has no `XlaDynamicUpdateSlice`, the op
+    TensorFlow's slice update becomes). The exporters of `keras_attn.export_decoding` trace
+    the decode step inside it; every other call keeps the slice update."""
+    token = _GATHERED_WRITES.set(True)
+    try:
+        yield
+    finally:
+        _GATHERED_WRITES.reset(token)
+
+
+def _gathered_write(cache, new, offset):
+    """`cache` `(B, H, S_max, d)` with `new` `(B, H, T, d)` at positions `offset, ...,
+    offset + T - 1`, by a gather and a select (`gathered_cache_writes`)."""
+    length, steps = ops.shape(cache)[2], ops.shape(new)[2]
+    shift = ops.arange(length, dtype="int32") - ops.cast(offset, "int32")  # (S_max,)
+    inside = ops.logical_and(shift >= 0, shift < steps)  # (S_max,)
+    gathered = ops.take(new, ops.clip(shift, 0, steps - 1), axis=2)  # (B, H, S_max, d)
+    return ops.where(ops.reshape(inside, (1, 1, -1, 1)), gathered, cache)
 
 
 def as_cache_index(index):
@@ -32,6 +64,9 @@ class KeyValueCache:
         at `offset` (the index as `as_cache_index` gives it)."""
         if cache_update_index is None:
             return cache
+        if _GATHERED_WRITES.get():
+            return (_gathered_write(cache[0], ops.cast(k, cache[0].dtype), offset),
+                    _gathered_write(cache[1], ops.cast(v, cache[1].dtype), offset))
         start = (0, 0, offset, 0)
         return (ops.slice_update(cache[0], start, ops.cast(k, cache[0].dtype)),
                 ops.slice_update(cache[1], start, ops.cast(v, cache[1].dtype)))

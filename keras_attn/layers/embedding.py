@@ -122,6 +122,7 @@ class TokenEmbedding(QuantizedSublayers, keras.layers.Layer):
         Devlin et al., 2019, "BERT", https://arxiv.org/abs/1810.04805
     """
 
+    @legacy.records_given
     def __init__(self, vocabulary_size: int | None = None, hidden_dim: int | None = None,
                  position: str | None = None, max_sequence_length: int | None = None,
                  scale: float | None = None, num_segments: int | None = None,
@@ -277,6 +278,7 @@ class TokenAndPositionEmbedding(TokenEmbedding):
     >>> TokenAndPositionEmbedding(100, 32, 16)(keras.ops.array([[5, 6, 7]])).shape  # (1, 3, 16)
     """
 
+    @legacy.records_given
     def __init__(self, vocabulary_size: int | None = None, sequence_length: int | None = None,
                  embedding_dim: int | None = None, mask_zero: bool = False,
                  embeddings_initializer="uniform", **kwargs):
@@ -355,6 +357,7 @@ class OutputHead(QuantizedSublayers, keras.layers.Layer):
         https://arxiv.org/abs/1608.05859
     """
 
+    @legacy.records_given
     def __init__(self, vocabulary_size: int | None = None, tie_word_embeddings: bool = False,
                  use_bias: bool = True, transform_activation=None,
                  layer_norm_epsilon: float = 1e-5, kernel_initializer="glorot_uniform",

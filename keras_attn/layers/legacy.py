@@ -42,39 +42,46 @@ RENAMED = {
 ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionConfig))
 
 
-_CALLS = threading.local()  # .stack: (function, names given) of the calls `records_given` saw
+_CALLS = threading.local()  # .stack: (function, names given, instance) of the calls seen
 
 
 def records_given(function):
     """Decorate `function` so that `said` knows which of its parameters a call named, even
     those given with their default value (`causal_lm(embed_dim=16, hidden_dim=128)`).
 
-    For functions people call directly (builders); a class's `__init__` reached through
-    `super()` from subclasses that pass every argument on would name them all."""
+    For builders, and for the `__init__` of classes that take earlier names: there the names
+    are those of the outermost decorated `__init__` call on the same object (the user's call),
+    not of a subclass's `super().__init__` passing every argument on, so each class of such a
+    hierarchy that defines `__init__` is decorated."""
     signature = inspect.signature(function)
+    is_method = next(iter(signature.parameters), None) == "self"
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         names = frozenset(signature.bind_partial(*args, **kwargs).arguments)
         stack = _CALLS.__dict__.setdefault("stack", [])
-        stack.append((function, names))
+        stack.append((function, names, args[0] if is_method and args else None))
         try:
             return function(*args, **kwargs)
         finally:
             stack.pop()
 
+    wrapper.__signature__ = signature  # Keras reads an `__init__`'s argument names
     return wrapper
 
 
 def said(function, **values) -> dict:
     """The arguments among `values` (today's names of `function`'s parameters, with the values
     a call received) that the caller gave: those its call named when `function` is decorated
-    with `records_given`, else those that differ from their defaults (a value equal to its
-    default cannot be told from one not given then). `rename` and `take` refuse an earlier
-    name beside one of them."""
+    with `records_given` (for an `__init__`, the outermost decorated one on the same object),
+    else those that differ from their defaults (a value equal to its default cannot be told
+    from one not given then). `rename` and `take` refuse an earlier name beside one of them."""
     target = inspect.unwrap(function)
-    for called, names in reversed(getattr(_CALLS, "stack", [])):
+    stack = getattr(_CALLS, "stack", [])
+    for called, names, instance in reversed(stack):
         if called is target:
+            if instance is not None:
+                names = next(n for _, n, i in stack if i is instance)
             return {name: value for name, value in values.items() if name in names}
     parameters = inspect.signature(function).parameters
     return {name: value for name, value in values.items()

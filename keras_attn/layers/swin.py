@@ -351,6 +351,7 @@ class PatchEmbedding(QuantizedSublayers, keras.layers.Layer):
         https://arxiv.org/abs/2010.11929
     """
 
+    @legacy.records_given
     def __init__(self, patch_size: int, hidden_dim: int | None = None, use_norm: bool = True,
                  layer_norm_epsilon: float = 1e-5, **kwargs):
         renamed = legacy.rename(kwargs, "PatchEmbedding", {

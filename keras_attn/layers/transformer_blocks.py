@@ -10,6 +10,7 @@ from __future__ import annotations
 import keras
 
 from keras_attn._checks import check_bool
+from keras_attn.layers import legacy
 from keras_attn.layers.block_base import (  # noqa: F401 - AttentionConfig: the examples
     AttentionConfig,
     _check_embedded_shape,
@@ -150,6 +151,7 @@ class TransformerDecoderBlock(_TransformerBlock):
         Vaswani et al., 2017, "Attention Is All You Need", https://arxiv.org/abs/1706.03762
     """
 
+    @legacy.records_given
     def __init__(self, attention=None, intermediate_dim: int | None = None,
                  dropout: float = 0.0, normalize_first: bool | None = None, activation="relu",
                  layer_norm_epsilon: float = 1e-5, norm: str = "layer", use_bias: bool = True,

@@ -27,6 +27,7 @@ class _BahdanauStack(GRUFields, QuantizedSublayers, keras.layers.Layer):
     """The constructor and config the encoder and the decoder share (their class docstrings
     give the arguments); each makes its sublayers in `make_sublayers`."""
 
+    @legacy.records_given
     def __init__(
         self,
         vocabulary_size: int | None = None,

@@ -81,6 +81,7 @@ class TransformerDecoderOnly(_Stack):
     block_class = TransformerDecoderOnlyBlock
     blocks_first = True
 
+    @legacy.records_given
     def __init__(self, vocabulary_size: int | None = None, num_layers: int | None = None,
                  hidden_dim: int | None = None, block: BlockConfig | None = None,
                  position_embedding: str | None = None, max_sequence_length: int | None = None,

@@ -163,13 +163,16 @@ class CausalLMPreprocessor(keras.layers.Layer):
                                              add_special_tokens, prefix, suffix)
         # Eagerly, one traced graph per static setting (not op by op, ~10 ms a call).
         whole = max_new_tokens is None
+        # `max_length` an argument too: a new length traces nothing.
         function = self._traced(
-            ("preprocess", int(max_length), whole, bool(add_special_tokens)),
-            lambda t, n: self._generate_preprocess(t, max_length, None if whole else n,
-                                                   add_special_tokens, prefix, suffix),
-            tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.int32))
+            ("preprocess", whole, bool(add_special_tokens)),
+            lambda t, n, m: self._generate_preprocess(t, m, None if whole else n,
+                                                      add_special_tokens, prefix, suffix),
+            tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.int32),
+            tf.TensorSpec([], tf.int32))
         return function(texts, tf.constant(0, tf.int32) if whole
-                        else tf.cast(max_new_tokens, tf.int32))
+                        else tf.cast(max_new_tokens, tf.int32),
+                        tf.constant(int(max_length), tf.int32))
 
     def _generate_preprocess(self, texts, max_length, max_new_tokens, add_special_tokens,
                              prefix, suffix):

@@ -223,7 +223,36 @@ def check_export(model, data, args, raw_texts: list[str]) -> dict:
         args.export_dir, texts, in_python, data,
         "score: length-normalised log-probability (0 = sure, lower = less sure, -inf = "
         "empty input)")
-    return {"export_dir": args.export_dir, "export_matches_python": matches}
+    metrics = {"export_dir": args.export_dir, "export_matches_python": matches}
+    if getattr(args, "export_format", "tf_saved_model") == "onnx":
+        metrics.update(check_onnx_export(model, data, args, [
+            t.decode("utf-8") for t in texts.numpy()]))
+    return metrics
+
+
+def check_onnx_export(model, data, args, texts: list[str]) -> dict:
+    """Writes the ONNX export (`keras_attn.export_decoding.export_seq2seq`: the encoder and
+    the one-token decode step) into `onnx/` beside the SavedModel, decodes `texts` greedily
+    with it in onnxruntime (`keras_attn.export_steps.greedy`) and compares the tokens with
+    Python's greedy decoding."""
+    import shutil
+
+    import numpy as np
+
+    from keras_attn import decoding, export_steps
+    from keras_attn.export_decoding import export_seq2seq
+
+    folder = os.path.join(os.path.dirname(os.path.abspath(args.export_dir)), "onnx")
+    if os.path.isfile(os.path.join(folder, export_steps.METADATA)):
+        shutil.rmtree(folder)  # an earlier run's ONNX export (the run may replace it)
+    export_seq2seq(model, folder, "onnx", data.target_length, decoding.special_ids(model))
+    ids = data.encode_source(texts)
+    expected = decoding.generate(model, ids, data.target_length, sampler="greedy")
+    matches = bool(np.array_equal(export_steps.greedy(folder, ids),
+                                  np.asarray(expected)))
+    print(f"ONNX export (encoder + decode step, onnxruntime) in {folder}: greedy tokens "
+          f"equal to Python's: {matches}")
+    return {"onnx_export_dir": folder, "onnx_matches_python": matches}
 
 
 def serving_note(data) -> str:

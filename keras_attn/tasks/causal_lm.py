@@ -408,25 +408,57 @@ class CausalLM(Task):
             suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths, on_step=on_step,
             **(speculation or {}))
 
-    def export(self, path: str, max_length: int | None = None) -> str:
-        """Write a SavedModel whose `generate` signature takes prompt strings (with its
-        settings `max_new_tokens`, `temperature`, `top_k`, `top_p`, `seed`) and returns the
-        generated `text`, `truncated` and `context`: the tokenizer, the decoding loop and the
-        detokenization in the graph, served by TensorFlow (+ tensorflow-text's ops for a
-        checkpoint's tokenizer) alone (`keras_attn.export_generator.export_causal_lm`). A LoRA
-        model exports its merged kernels' values. TensorFlow backend only.
+    def export(self, path: str, max_length: int | None = None,
+               format: str = "tf_saved_model") -> str:
+        """Write the model for serving.
+
+        `format="tf_saved_model"`: a SavedModel whose `generate` signature takes prompt
+        strings (with its settings `max_new_tokens`, `temperature`, `top_k`, `top_p`, `seed`)
+        and returns the generated `text`, `truncated` and `context`: the tokenizer, the
+        decoding loop and the detokenization in the graph, served by TensorFlow (+
+        tensorflow-text's ops for a checkpoint's tokenizer) alone
+        (`keras_attn.export_generator.export_causal_lm`). A LoRA model exports its merged
+        kernels' values.
+
+        `format="onnx"` or `"litert"`: token ids in and out, the loop outside the graph:
+        `forward` (logits of `token_ids` and `padding_mask`) and `decode_step` (one token
+        through the static cache of `max_length` positions, the caches as inputs and
+        outputs) with an `export.json` (`keras_attn.export_decoding`);
+        `keras_attn.export_steps.greedy(path, token_ids)` generates with them as `generate`
+        does greedily (NumPy and onnxruntime or ai-edge-litert only).
+
+        TensorFlow backend only.
 
         Args:
             path: str, a new or empty directory.
             max_length: int, the cache's positions: prompt (with the template) and generated
-                tokens. Defaults to the preprocessor's `sequence_length`.
-        """
-        self._check_exportable()
-        from keras_attn.export_generator import export_causal_lm
+                tokens. Defaults to the preprocessor's `sequence_length` (required without
+                a preprocessor, ONNX and LiteRT).
+            format: `"tf_saved_model"`, `"onnx"` or `"litert"`. Defaults to
+                `"tf_saved_model"`.
 
-        if max_length is None:
-            max_length = self.preprocessor.sequence_length
-        return export_causal_lm(self, self.preprocessor, path, max_length)
+        Returns:
+            `path`.
+        """
+        from keras_attn.export_decoding import check_format
+
+        check_format("CausalLM", format)
+        if format == "tf_saved_model":
+            self._check_exportable()
+            from keras_attn.export_generator import export_causal_lm
+
+            if max_length is None:
+                max_length = self.preprocessor.sequence_length
+            return export_causal_lm(self, self.preprocessor, path, max_length)
+        from keras_attn.decoding import special_ids
+        from keras_attn.export_decoding import export_causal_lm
+
+        max_length = self._steps_max_length(max_length, format, "sequence_length", 2)
+        self._check_positions(max_length)
+        ids = self._ids("auto")
+        ids = special_ids(self, stop_token_ids=ids["stop_token_ids"] or None,
+                          pad_id=ids["pad_id"], suppressed_ids=ids["suppressed_ids"])
+        return export_causal_lm(self, path, format, max_length, ids)
 
     def get_config(self):
         config = super().get_config()

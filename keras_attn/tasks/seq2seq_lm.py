@@ -245,7 +245,8 @@ class Seq2SeqLM(Task):
         return self.generate(texts, max_length, **options)
 
     def export(self, path: str, beam_size: int | None = None, length_penalty: float | None = None,
-               length_beam: int = 1) -> str:
+               length_beam: int = 1, format: str = "tf_saved_model",
+               max_length: int | None = None) -> str:
         """Write a SavedModel whose `translate` signature takes strings and returns
         `translation`, `score` and `truncated` (`keras_attn.export.export_translator` /
         `export_nat_translator`): normalization, vocabularies, encoder, the search and
@@ -261,7 +262,21 @@ class Seq2SeqLM(Task):
             length_penalty: optional float, GNMT's alpha of the scores. Defaults to the
                 sampler's (`Beam`), else 0.6.
             length_beam: int, candidate lengths of a non-autoregressive model. Defaults to 1.
+            format: `"tf_saved_model"` (the above) or `"onnx"`: source and target ids, the
+                loop outside the graph: `encoder` (the decoding state of the source ids) and
+                `decode_step` (one target token through the static cache) with an
+                `export.json` (`keras_attn.export_decoding`);
+                `keras_attn.export_steps.greedy(path, source_ids)` translates with them as
+                `generate` does greedily (NumPy and onnxruntime only). Autoregressive models.
+                Defaults to `"tf_saved_model"`.
+            max_length: optional int (ONNX), the output positions. Defaults to the
+                preprocessor's target length (required without a preprocessor).
         """
+        from keras_attn.export_decoding import check_format
+
+        check_format("Seq2SeqLM", format, ("tf_saved_model", "onnx"))
+        if format != "tf_saved_model":
+            return self._export_steps(path, format, max_length, beam_size, length_penalty)
         self._check_exportable()
         from keras_attn import export
 
@@ -288,6 +303,25 @@ class Seq2SeqLM(Task):
             self.backbone, pre.source_vectorizer, pre.target_vectorizer, path,
             max_length=pre.target_length, beam_size=beam_size,
             length_penalty=length_penalty, **text)
+
+    def _export_steps(self, path, format, max_length, beam_size, length_penalty) -> str:
+        """`export(path, format="onnx")`: the encoder and the decode step
+        (`keras_attn.export_decoding.export_seq2seq`)."""
+        from keras_attn.decoding import special_ids
+        from keras_attn.export_decoding import export_seq2seq
+
+        if self.non_autoregressive:
+            raise ValueError("A non-autoregressive Seq2SeqLM decodes with Mask-Predict, which "
+                             f"has no one-token decode step: export it with "
+                             f"format='tf_saved_model'. Received: format={format!r}")
+        for name, value in (("beam_size", beam_size), ("length_penalty", length_penalty)):
+            if value is not None:
+                raise ValueError(f"Argument `{name}` applies to the SavedModel's search; the "
+                                 f"format={format!r} export is searched outside the graph. "
+                                 f"Received: {name}={value!r}")
+        max_length = self._steps_max_length(max_length, format, "target_length", 1)
+        return export_seq2seq(self.backbone, path, format, max_length,
+                              special_ids(self.backbone))
 
     def get_config(self):
         config = super().get_config()

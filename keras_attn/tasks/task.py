@@ -7,6 +7,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from keras_attn._checks import check_int
+
 # Rows per batch when `fit` / `evaluate` / `predict` are given a list of strings.
 DEFAULT_BATCH_SIZE = 32
 
@@ -58,6 +60,17 @@ class Task(keras.Model):
                              f"{keras.backend.backend()} and load it there).")
         if self.preprocessor is None:
             raise ValueError(f"{name}.export takes strings: the model needs a preprocessor.")
+
+    def _steps_max_length(self, max_length, format: str, default: str, minimum: int) -> int:
+        """The `max_length` of an ONNX or LiteRT export: as given (checked, at least
+        `minimum`), else the preprocessor's attribute `default`."""
+        if max_length is None:
+            if self.preprocessor is None:
+                raise ValueError(f"Argument `max_length` is required to export to "
+                                 f"format={format!r} without a preprocessor.")
+            max_length = getattr(self.preprocessor, default)
+        check_int("max_length", max_length, minimum)
+        return int(max_length)
 
     def _text_dataset(self, x, y, batch_size):  # pragma: no cover - every task has one
         raise NotImplementedError
