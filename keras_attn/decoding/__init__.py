@@ -7,6 +7,8 @@
   `Random`, `TopK`, `TopP`, `MinP`, `RepetitionPenalty`; `samplers.get`);
 - `special_ids`: the stop, padding, start and never-generated ids, derived once from the model;
 - `mask_predict`: parallel decoding of non-autoregressive models (`nat_seq2seq`);
+- `speculative`: a draft model proposing tokens that the model verifies in one pass over its
+  cache (`generate(..., draft=draft, draft_tokens=4)`);
 - `loops`: the one-token-at-a-time and beam loops, which know no model; `choices`: the tensor
   functions of the samplers (filters, penalty, seeded draws);
 - `causal_lm`, `seq2seq`: what `generate` runs for each kind of model; `compiled`: one

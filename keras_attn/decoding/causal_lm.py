@@ -78,13 +78,9 @@ def _generate(model, prompt_ids, lengths, max_new_tokens, end, alpha, *numbers, 
     return outputs
 
 
-def run(model, prompt_ids, max_length: int, sampler, ids: dict, alpha, max_new_tokens,
-        prompt_lengths, return_attention_scores: bool, return_scores: bool,
-        jit_compile: bool, on_step=None) -> tuple:
-    """`generate` for a causal language model, its arguments checked (`ids` of
-    `special_ids`, `alpha` the scores' length-penalty exponent, a float32 scalar tensor;
-    `on_step` the loop's callback, `keras_attn.decoding.stepwise.compiling`: streaming)."""
-    checks.length("max_length", max_length, 2)
+def prompts(model, prompt_ids, max_length: int, ids: dict, prompt_lengths) -> tuple:
+    """The prompts checked, as `(prompt_ids (B, P), prompt_lengths int32 (B,))` (`ids` of
+    `special_ids`; `prompt_lengths` given or None: read from the padding)."""
     layer = decoder(model)
     padding = ids["pad_id"]
     prompt_ids = checks.token_ids(
@@ -102,21 +98,38 @@ def run(model, prompt_ids, max_length: int, sampler, ids: dict, alpha, max_new_t
         raise ValueError(
             f"Argument `max_length` must exceed the prompt length {prompt_len} (it counts the "
             f"prompt). Received: max_length={max_length}")
+    return prompt_ids, prompt_lengths
+
+
+def new_tokens(max_new_tokens, max_length: int):
+    """`max_new_tokens` checked, as an int32 scalar tensor (None: `max_length`)."""
+    (max_new_tokens,) = checks.settings(
+        caps={"max_new_tokens": max_length},
+        max_new_tokens=max_length if max_new_tokens is None else max_new_tokens).values()
+    return max_new_tokens
+
+
+def run(model, prompt_ids, max_length: int, sampler, ids: dict, alpha, max_new_tokens,
+        prompt_lengths, return_attention_scores: bool, return_scores: bool,
+        jit_compile: bool, on_step=None) -> tuple:
+    """`generate` for a causal language model, its arguments checked (`ids` of
+    `special_ids`, `alpha` the scores' length-penalty exponent, a float32 scalar tensor;
+    `on_step` the loop's callback, `keras_attn.decoding.stepwise.compiling`: streaming)."""
+    checks.length("max_length", max_length, 2)
+    prompt_ids, prompt_lengths = prompts(model, prompt_ids, max_length, ids, prompt_lengths)
     beam = sampler.beam()
     if beam is not None and beam.num_beams > 1 and max_new_tokens is not None:
         raise ValueError(
             "Argument `max_new_tokens` is not supported with beam search (a hypothesis is "
             "ranked over its whole length): set `max_length` instead. Received: "
             f"max_new_tokens={max_new_tokens!r}")
-    (max_new_tokens,) = checks.settings(
-        caps={"max_new_tokens": max_length},
-        max_new_tokens=max_length if max_new_tokens is None else max_new_tokens).values()
+    max_new_tokens = new_tokens(max_new_tokens, max_length)
     # One token at a time (not beam search, whose hypotheses are ranked over the whole
     # length), without per-position outputs: decoded in a cache of a bucket's length.
     bucketed = (beam is None or beam.num_beams == 1) and not (return_attention_scores or
                                                               return_scores)
-    length = cache_length(int(max_length), getattr(layer, "max_sequence_length", None)) if (
-        bucketed) else int(max_length)
+    limit = getattr(decoder(model), "max_sequence_length", None)
+    length = cache_length(int(max_length), limit) if bucketed else int(max_length)
     options = {"sampler": sampler, "max_length": length,
                "stop_token_ids": ids["stop_token_ids"], "fill_id": ids["fill_id"],
                "suppressed_ids": ids["suppressed_ids"],

@@ -43,7 +43,7 @@ def torch_mode(model, jit_compile) -> str | None:
 
 
 def run(fn, model, arrays: tuple, options: dict, jit_compile: bool | None = False,
-        on_step=None):
+        on_step=None, companions: tuple = (), autograph: bool = True):
     """`fn(model, *arrays, **options)`, compiled once per model, `fn` and `options`.
 
     Args:
@@ -59,6 +59,14 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool | None = Fals
             (`keras_attn.decoding.stepwise.compiling`, for streaming): the loop then runs in
             Python, eagerly on TensorFlow and JAX, its steps compiled on torch as
             `jit_compile` says.
+        companions: other models `fn` runs (a speculative decoding's draft, also in
+            `options`): on JAX their variables are arguments of the program too. Defaults
+            to `()`.
+        autograph: bool, TensorFlow: convert `fn`'s Python control flow with AutoGraph;
+            `False` traces it as it is (a function written on `keras.ops` alone, its loops
+            `keras.ops.while_loop`), which traces faster (speculative decoding's rounds: 6 s
+            against 9 s on the tests' models, on the shared 2-core machine). Defaults to
+            `True`.
 
     Returns:
         What `fn` returns.
@@ -93,20 +101,26 @@ def run(fn, model, arrays: tuple, options: dict, jit_compile: bool | None = Fals
         if backend == "tensorflow":
             signature = [tf.TensorSpec([None] * len(a.shape), a.dtype) for a in arrays]
             compiled[key] = tf.function(call, input_signature=signature,
-                                        jit_compile=jit_compile)
+                                        jit_compile=jit_compile,
+                                        autograph=autograph)
         else:
             import jax
 
             def stateless(values, *arrays):
                 model = model_ref()
-                mapping = list(zip(model.variables, values))
+                mapping = list(zip(_variables(model, companions), values))
                 with keras.StatelessScope(state_mapping=mapping):
                     return fn(model, *arrays, **options)
 
             compiled[key] = jax.jit(stateless)
     if backend == "jax":
-        return compiled[key]([v.value for v in model.variables], *arrays)
+        return compiled[key]([v.value for v in _variables(model, companions)], *arrays)
     return compiled[key](*arrays)
+
+
+def _variables(model, companions: tuple) -> list:
+    """The variables of `model`, then of each companion."""
+    return [v for m in (model,) + tuple(companions) for v in m.variables]
 
 
 def compilations(model) -> int:

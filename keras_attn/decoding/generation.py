@@ -10,14 +10,23 @@ keras_attn 0.2's functions (`greedy_search`, `beam_search`, `sample`) and spelli
 from __future__ import annotations
 
 from keras_attn._checks import check_number
-from keras_attn.decoding import causal_lm, checks, compiled, legacy, samplers, seq2seq
+from keras_attn.decoding import (
+    causal_lm,
+    checks,
+    compiled,
+    legacy,
+    samplers,
+    seq2seq,
+    speculative,
+)
 from keras_attn.decoding.special import special_ids
 from keras_attn.tokens import BOS_ID, EOS_ID
 
 
 def run(model, inputs, max_length, *, sampler, stop_token_ids=EOS_ID, max_new_tokens=None,
         return_attention_scores=False, return_scores=False, jit_compile=None, pad_id=None,
-        bos_id=BOS_ID, suppressed_ids=None, prompt_lengths=None, alpha=None, on_step=None):
+        bos_id=BOS_ID, suppressed_ids=None, prompt_lengths=None, alpha=None, on_step=None,
+        draft=None, draft_tokens=None, return_acceptance=False):
     """`generate` with today's arguments only; `alpha` (optional) overrides the scores'
     length-penalty exponent (keras_attn 0.2's spellings); `on_step` (causal models, one
     token at a time) is called with the loop's variables after each token
@@ -26,7 +35,19 @@ def run(model, inputs, max_length, *, sampler, stop_token_ids=EOS_ID, max_new_to
     if jit_compile is not None and not isinstance(jit_compile, bool):
         raise ValueError("Received an invalid value for argument `jit_compile`, expected a "
                          f"bool or None. Received: jit_compile={jit_compile!r}")
+    if not isinstance(return_acceptance, bool):
+        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+            "Received an invalid value for argument `return_acceptance`, expected a bool. "
+            f"Received: return_acceptance={return_acceptance!r}")
     sampler = samplers.get(sampler)
+    if draft is not None or draft_tokens is not None or return_acceptance:
+        return _speculative(model, inputs, max_length, sampler, draft, draft_tokens,
+                            return_acceptance, stop_token_ids=stop_token_ids,
+                            max_new_tokens=max_new_tokens,
+                            return_attention_scores=return_attention_scores,
+                            return_scores=return_scores, jit_compile=jit_compile,
+                            pad_id=pad_id, bos_id=bos_id, suppressed_ids=suppressed_ids,
+                            prompt_lengths=prompt_lengths, alpha=alpha, on_step=on_step)
     beam = sampler.beam()
     if alpha is None:
         alpha = beam.length_penalty if beam is not None else 0.0
@@ -50,10 +71,37 @@ def run(model, inputs, max_length, *, sampler, stop_token_ids=EOS_ID, max_new_to
     return outputs[0] if len(outputs) == 1 else outputs
 
 
+def _speculative(model, inputs, max_length, sampler, draft, draft_tokens, return_acceptance,
+                 stop_token_ids, max_new_tokens, jit_compile, pad_id, bos_id, suppressed_ids,
+                 prompt_lengths, **unsupported):
+    """`run` with a draft model (`keras_attn.decoding.speculative`)."""
+    if draft is None:
+        name = "draft_tokens" if draft_tokens is not None else "return_acceptance"
+        value = draft_tokens if draft_tokens is not None else return_acceptance
+        raise ValueError(f"Argument `{name}` applies to speculative decoding: give a `draft` "
+                         f"model too. Received: {name}={value!r}, draft=None")
+    if compiled.has_layer(model, "encoder"):
+        raise ValueError(
+            "Argument `draft` applies to causal language models; this `model` has an "
+            f"'encoder' (a sequence-to-sequence model). Received: draft={draft!r}")
+    for name, value in unsupported.items():
+        if value not in (None, False):
+            raise ValueError(
+                f"Argument `{name}` is not supported with a `draft` (speculative decoding "
+                f"returns the tokens, and their acceptance). Received: {name}={value!r}")
+    ids = special_ids(model, stop_token_ids=stop_token_ids, pad_id=pad_id, bos_id=bos_id,
+                      suppressed_ids=suppressed_ids)
+    tokens, acceptance = speculative.run(model, draft, inputs, max_length, sampler, ids,
+                                         max_new_tokens, prompt_lengths, draft_tokens,
+                                         jit_compile)
+    return (tokens, acceptance) if return_acceptance else tokens
+
+
 def generate(model, inputs, max_length: int, *args, sampler="greedy", stop_token_ids=EOS_ID,
              max_new_tokens=None, return_attention_scores: bool = False,
              return_scores: bool = False, jit_compile: bool | None = None, pad_id: int | None = None,
-             bos_id: int = BOS_ID, suppressed_ids=None, prompt_lengths=None, **kwargs):
+             bos_id: int = BOS_ID, suppressed_ids=None, prompt_lengths=None, draft=None,
+             draft_tokens: int | None = None, return_acceptance: bool = False, **kwargs):
     """Decode a batch with a causal language model or a sequence-to-sequence model.
 
     A causal language model (a layer `"decoder"`, e.g. `keras_attn.models.causal_lm`, a
@@ -101,24 +149,38 @@ def generate(model, inputs, max_length: int, *args, sampler="greedy", stop_token
         prompt_lengths: optional integer `(B,)` (causal models), each row's prompt length in
             `[1, P]`: the ids after it are ignored, whatever they are. Defaults to `None` (the
             tokens before the trailing padding).
+        draft: optional causal language model with the same vocabulary (a smaller one):
+            speculative decoding (`keras_attn.decoding.speculative`), the draft proposing
+            `draft_tokens` tokens that the model verifies in one pass over its cache; the
+            output is the model's own greedy output (greedy samplers), or draws from its
+            distribution (`Random`, `TopK`, `TopP`, `MinP`). Causal models, one token at a
+            time, without `return_attention_scores` or `return_scores`. Defaults to `None`.
+        draft_tokens: optional int in `[1, max_length - 1]`, tokens the draft proposes per
+            round (with `draft`). Defaults to `None` (4).
+        return_acceptance: bool (with `draft`), also return the share of drafted tokens the
+            model kept, a float. Defaults to `False`.
 
     Returns:
         int32 `(B, max_length)`: a causal model's prompts, then their continuations up to a
         stop id (included), then the padding id; a sequence-to-sequence model's outputs up to
         a stop id, then padding. With `return_attention_scores` and `return_scores`, also the
-        attention and the scores, in this order.
+        attention and the scores, in this order; with `return_acceptance`, `(tokens,
+        acceptance)`.
 
     Example:
     >>> tokens = generate(lm, [[2, 17, 5, 0], [2, 9, 0, 0]], 32,
     ...                   sampler=samplers.TopP(0.9, temperature=0.8, seed=7))
     >>> outputs = generate(translator, source_ids, 20, sampler="beam")  # (B, 20)
+    >>> tokens, acceptance = generate(lm, prompt_ids, 64, draft=small_lm, draft_tokens=4,
+    ...                               return_acceptance=True)
     """
     options = {"sampler": sampler, "stop_token_ids": stop_token_ids,
                "max_new_tokens": max_new_tokens,
                "return_attention_scores": return_attention_scores,
                "return_scores": return_scores, "jit_compile": jit_compile, "pad_id": pad_id,
                "bos_id": bos_id, "suppressed_ids": suppressed_ids,
-               "prompt_lengths": prompt_lengths}
+               "prompt_lengths": prompt_lengths, "draft": draft,
+               "draft_tokens": draft_tokens, "return_acceptance": return_acceptance}
     if args or kwargs:
         defaults = {name: generate.__kwdefaults__[name] for name in options}
         for name, value in legacy.generate_options("generate", args, kwargs).items():

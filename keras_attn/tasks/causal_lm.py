@@ -195,7 +195,8 @@ class CausalLM(Task):
 
     def generate(self, inputs, max_length: int | None = None, *, stop_token_ids="auto",
                  strip_prompt: bool | None = None, sampler=None, max_new_tokens=None,
-                 stop_strings=None, stream: bool = False):
+                 stop_strings=None, stream: bool = False, draft=None,
+                 draft_tokens: int | None = None, return_acceptance: bool = False):
         """Continue prompts: strings for strings, token ids for token ids, the assistant's
         reply for a conversation.
 
@@ -231,11 +232,21 @@ class CausalLM(Task):
                 a list; joined, the pieces are what `stream=False` returns, the prompt (where
                 returned) coming first. A piece is never half a character and never changes
                 (`keras_attn.preprocessing.streaming`). Defaults to `False`.
+            draft: optional smaller `CausalLM` (or causal model of keras_attn) with the same
+                vocabulary: speculative decoding (`keras_attn.decoding.speculative`). The
+                draft proposes `draft_tokens` tokens, this model verifies them in one pass
+                over its cache: the same greedy output, token for token, or draws from this
+                model's distribution with a `Random`, `TopK`, `TopP` or `MinP` sampler; not
+                with beam search or `stream`. Defaults to `None`.
+            draft_tokens: optional int >= 1, tokens the draft proposes per round (with
+                `draft`). Defaults to `None` (4).
+            return_acceptance: bool (with `draft`), also return the share of drafted tokens
+                this model kept. Defaults to `False`.
 
         Returns:
             A str for a str or a conversation, a list of str for a list; for ids, int32
             `(B, max_length)` (the prompt, the continuation, then padding); with `stream`,
-            an iterator of pieces.
+            an iterator of pieces; with `return_acceptance`, `(outputs, acceptance)`.
 
         Example:
         >>> lm.generate([{"role": "user", "content": "Who is the Time Traveller?"}])
@@ -275,17 +286,19 @@ class CausalLM(Task):
                     "token at a time; a beam search's text is known only at its end, and "
                     f"token ids come back whole. Received: stream=True, sampler={sampler!r}, "
                     f"inputs={'text' if text else 'token ids'}")
+        speculation = _speculation(draft, draft_tokens, return_acceptance, stream, sampler)
         if text:
             return self._generate_text(inputs, int(max_length), stop_token_ids,
                                        bool(strip_prompt), sampler, max_new_tokens, stops,
-                                       add_special_tokens=not chat, stream=stream)
+                                       add_special_tokens=not chat, stream=stream,
+                                       speculation=speculation)
         token_ids, lengths = _prompt_ids(inputs)
         ids = self._ids(stop_token_ids)
-        tokens = self._decode(token_ids, lengths, int(max_length), max_new_tokens, ids, sampler)
         if strip_prompt:
             raise ValueError("Argument `strip_prompt` applies to strings; token ids come back "
                              "whole (the prompt's lengths say where each continuation starts).")
-        return tokens
+        return self._decode(token_ids, lengths, int(max_length), max_new_tokens, ids, sampler,
+                            speculation=speculation)
 
     def _ids(self, stop_token_ids) -> dict:
         """The generation ids: the preprocessor's (derived once), with `stop_token_ids`."""
@@ -337,7 +350,8 @@ class CausalLM(Task):
                 f"max_length={max_length}")
 
     def _generate_text(self, inputs, max_length, stop_token_ids, strip_prompt, sampler,
-                       max_new_tokens, stops=(), add_special_tokens=True, stream=False):
+                       max_new_tokens, stops=(), add_special_tokens=True, stream=False,
+                       speculation=None):
         import tensorflow as tf
 
         single = isinstance(inputs, (str, bytes))
@@ -356,7 +370,7 @@ class CausalLM(Task):
 
         def decode(on_step=None):
             return self._decode(prompts["token_ids"].numpy(), lengths.numpy(), max_length,
-                                max_new_tokens, ids, sampler, on_step)
+                                max_new_tokens, ids, sampler, on_step, speculation)
 
         def texts_of(tokens):
             tokens = keras.ops.convert_to_numpy(tokens)
@@ -377,17 +391,22 @@ class CausalLM(Task):
                                      prompts=context or None)
             pieces = stream_pieces(decode, text_stream, texts_of)
             return (rows[0] for rows in pieces) if single else pieces
-        texts = texts_of(decode())
+        outputs = decode()
+        if speculation is not None and speculation["return_acceptance"]:
+            texts = texts_of(outputs[0])
+            return (texts[0] if single else texts), outputs[1]
+        texts = texts_of(outputs)
         return texts[0] if single else texts
 
     def _decode(self, token_ids, lengths, max_length, max_new_tokens, ids, sampler,
-                on_step=None):
+                on_step=None, speculation=None):
         from keras_attn.decoding import generation
 
         return generation.run(
             self, token_ids, max_length, sampler=sampler, max_new_tokens=max_new_tokens,
             stop_token_ids=ids["stop_token_ids"] or None, pad_id=ids["pad_id"],
-            suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths, on_step=on_step)
+            suppressed_ids=ids["suppressed_ids"], prompt_lengths=lengths, on_step=on_step,
+            **(speculation or {}))
 
     def export(self, path: str, max_length: int | None = None,
                format: str = "tf_saved_model") -> str:
@@ -445,6 +464,34 @@ class CausalLM(Task):
         config = super().get_config()
         config["sampler"] = _samplers().serialize(self.sampler)
         return config
+
+
+def _speculation(draft, draft_tokens, return_acceptance, stream, sampler) -> dict | None:
+    """The speculative decoding options of `generate` (None without a draft), checked where
+    `generate` alone can say what is wrong: a draft beside `stream` or beam search, or the
+    options without a draft (`keras_attn.decoding.speculative` checks the rest)."""
+    check_bool("return_acceptance", return_acceptance)
+    if draft is None:
+        if draft_tokens is not None or return_acceptance:
+            raise ValueError(
+                "Arguments `draft_tokens` and `return_acceptance` apply to speculative "
+                f"decoding: give a `draft` model too. Received: draft_tokens={draft_tokens!r}, "
+                f"return_acceptance={return_acceptance!r}, draft=None")
+        return None
+    if not isinstance(draft, keras.Model):
+        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
+            "Argument `draft` must be a CausalLM (or a keras_attn causal model) with this "
+            f"model's vocabulary. Received: draft={draft!r:.200}")
+    if stream:
+        raise ValueError("Argument `draft` does not apply with `stream=True` (speculative "
+                         "decoding returns its text whole). Received: stream=True, "
+                         f"draft={draft.name!r}")
+    beam = sampler.beam()
+    if beam is not None and beam.num_beams > 1:
+        raise ValueError("Argument `draft` does not apply to beam search: speculative "
+                         f"decoding verifies one sequence per row. Received: sampler={sampler!r}")
+    return {"draft": draft, "draft_tokens": draft_tokens,
+            "return_acceptance": bool(return_acceptance)}
 
 
 def _samplers():
