@@ -15,7 +15,8 @@ from keras_attn.models.decoder_only import TransformerDecoderOnly
 from keras_attn.models.lora import DEFAULT_TARGETS, enable_lora
 from keras_attn.preprocessing import CausalLMPreprocessor, PretrainedTokenizer
 from keras_attn.preprocessing.chat import as_conversations, is_conversation
-from keras_attn.preprocessing.streaming import TextStream, stream_pieces
+from keras_attn.preprocessing.streaming import TextStream, cut_at_stop, stream_pieces
+from keras_attn.tasks import generate_inputs
 from keras_attn.tasks.task import DEFAULT_BATCH_SIZE, Task, check_not_empty, is_text
 
 # The memory assumed when the machine's cannot be read (`_memory_bytes`).
@@ -274,7 +275,7 @@ class CausalLM(Task):
             max_new_tokens = checks.scalar("max_new_tokens", max_new_tokens,
                                            checks.POSITIVE_INT)
         sampler = self.sampler if sampler is None else _samplers().get(sampler)
-        stops = _stop_strings(stop_strings)
+        stops = generate_inputs.stop_strings(stop_strings)
         if stops and not text:
             raise ValueError("Argument `stop_strings` applies to text prompts; token ids stop "
                              "at `stop_token_ids`.")
@@ -286,13 +287,13 @@ class CausalLM(Task):
                     "token at a time; a beam search's text is known only at its end, and "
                     f"token ids come back whole. Received: stream=True, sampler={sampler!r}, "
                     f"inputs={'text' if text else 'token ids'}")
-        speculation = _speculation(draft, draft_tokens, return_acceptance, stream, sampler)
+        speculation = generate_inputs.speculation(draft, draft_tokens, return_acceptance, stream, sampler)
         if text:
             return self._generate_text(inputs, int(max_length), stop_token_ids,
                                        bool(strip_prompt), sampler, max_new_tokens, stops,
                                        add_special_tokens=not chat, stream=stream,
                                        speculation=speculation)
-        token_ids, lengths = _prompt_ids(inputs)
+        token_ids, lengths = generate_inputs.prompt_ids(inputs)
         ids = self._ids(stop_token_ids)
         if strip_prompt:
             raise ValueError("Argument `strip_prompt` applies to strings; token ids come back "
@@ -377,13 +378,15 @@ class CausalLM(Task):
             if not context:
                 continuation = self.preprocessor.generate_postprocess(
                     tokens, lengths, limits, stop_ids=ids["stop_token_ids"])
-                return [_cut_at_stop(t.decode("utf-8"), stops) for t in continuation.numpy()]
+                return [cut_at_stop(t.decode("utf-8"), stops)[0] for t in continuation.numpy()]
             # The prompt and its continuation detokenized as one sequence (a word tokenizer
             # joins them with its separator); a stop string counts in the continuation only.
             whole = self.preprocessor.generate_postprocess(
                 tokens, lengths, limits, stop_ids=ids["stop_token_ids"], keep_prompt=True)
-            return [_cut_at_stop(w.decode("utf-8"), stops, len(os.path.commonprefix(
-                [c, w.decode("utf-8")]))) for c, w in zip(context, whole.numpy())]
+            texts = [w.decode("utf-8") for w in whole.numpy()]
+            starts = [len(os.path.commonprefix([c, w])) for c, w in zip(context, texts)]
+            return [w[:start] + cut_at_stop(w[start:], stops)[0]
+                    for w, start in zip(texts, starts)]
 
         if stream:
             text_stream = TextStream(self.preprocessor.tokenizer, lengths.numpy(),
@@ -466,91 +469,10 @@ class CausalLM(Task):
         return config
 
 
-def _speculation(draft, draft_tokens, return_acceptance, stream, sampler) -> dict | None:
-    """The speculative decoding options of `generate` (None without a draft), checked where
-    `generate` alone can say what is wrong: a draft beside `stream` or beam search, or the
-    options without a draft (`keras_attn.decoding.speculative` checks the rest)."""
-    check_bool("return_acceptance", return_acceptance)
-    if draft is None:
-        if draft_tokens is not None or return_acceptance:
-            raise ValueError(
-                "Arguments `draft_tokens` and `return_acceptance` apply to speculative "
-                f"decoding: give a `draft` model too. Received: draft_tokens={draft_tokens!r}, "
-                f"return_acceptance={return_acceptance!r}, draft=None")
-        return None
-    if not isinstance(draft, keras.Model):
-        raise ValueError(  # noqa: TRY004 - the project raises ValueError for bad args
-            "Argument `draft` must be a CausalLM (or a keras_attn causal model) with this "
-            f"model's vocabulary. Received: draft={draft!r:.200}")
-    if stream:
-        raise ValueError("Argument `draft` does not apply with `stream=True` (speculative "
-                         "decoding returns its text whole). Received: stream=True, "
-                         f"draft={draft.name!r}")
-    beam = sampler.beam()
-    if beam is not None and beam.num_beams > 1:
-        raise ValueError("Argument `draft` does not apply to beam search: speculative "
-                         f"decoding verifies one sequence per row. Received: sampler={sampler!r}")
-    return {"draft": draft, "draft_tokens": draft_tokens,
-            "return_acceptance": bool(return_acceptance)}
-
-
 def _samplers():
     from keras_attn.decoding import samplers
 
     return samplers
-
-
-def _stop_strings(stop_strings) -> tuple[str, ...]:
-    """`stop_strings` as a tuple of non-empty str; anything else is a ValueError naming it."""
-    if stop_strings is None:
-        return ()
-    stops = (stop_strings,) if isinstance(stop_strings, str) else stop_strings
-    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
-        raise ValueError("Argument `stop_strings` must be a non-empty str or a list of them. "
-                         f"Received: stop_strings={stop_strings!r:.200}")
-    return tuple(stops)
-
-
-def _cut_at_stop(text: str, stops: tuple[str, ...], start: int = 0) -> str:
-    """`text` up to and including the earliest stop string it contains from `start` on."""
-    ends = [text.find(s, start) + len(s) for s in stops if s in text[start:]]
-    return text[:min(ends)] if ends else text
-
-
-def _prompt_ids(inputs):
-    """Token-id prompts as `(token_ids (B, P), lengths (B,) or None)`; anything that is
-    neither text nor a rank-2 batch of ids is a ValueError naming `inputs`."""
-    if isinstance(inputs, dict) and set(inputs) == {"token_ids", "padding_mask"}:
-        token_ids = np.asarray(keras.ops.convert_to_numpy(inputs["token_ids"]))
-        mask = np.asarray(keras.ops.convert_to_numpy(inputs["padding_mask"]))
-        if mask.dtype.kind not in "biu" or mask.shape != token_ids.shape or mask.ndim != 2 or (
-                mask.dtype.kind != "b" and not np.isin(mask, (0, 1)).all()):
-            raise ValueError(
-                "Argument `inputs[\"padding_mask\"]` must be booleans of the token ids' shape "
-                f"{token_ids.shape}. Received: padding_mask with dtype {mask.dtype} and shape "
-                f"{mask.shape}")
-        mask = mask.astype(bool)
-        lengths = mask.sum(axis=1)
-        prefix = np.arange(mask.shape[1])[None, :] < lengths[:, None]  # (B, P)
-        bad = np.flatnonzero((mask != prefix).any(axis=1) | (lengths == 0))
-        if bad.size:
-            raise ValueError(
-                "Argument `inputs[\"padding_mask\"]` must mark a right-padded prompt: each row "
-                "True for its tokens (at least one), then False. Received: padding_mask["
-                f"{bad[0]}]={mask[bad[0]].tolist()!r:.200}")
-        return token_ids, lengths.astype("int32")
-    if isinstance(inputs, (list, tuple)) and np.asarray(inputs, dtype=object).dtype == object and (
-            any(isinstance(t, (str, bytes)) for t in np.ravel(np.asarray(inputs, dtype=object)))):
-        raise ValueError("Argument `inputs` must be a string or a flat list of strings (one "
-                         f"prompt each). Received: inputs={inputs!r:.200}")
-    shape = getattr(inputs, "shape", None)
-    if shape is None and isinstance(inputs, (list, tuple)):
-        shape = np.shape(inputs) if all(isinstance(row, (list, tuple)) for row in inputs) else ()
-    if shape is None or len(shape) != 2:
-        raise ValueError(
-            "Argument `inputs` must be a string, a list of strings, int token ids (B, P) or a "
-            f"dict with `token_ids` and `padding_mask`. Received: inputs={inputs!r:.200}")
-    return inputs, None
 
 
 def _is_dataset(x) -> bool:
